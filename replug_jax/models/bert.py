@@ -1,0 +1,156 @@
+"""The Contriever retriever: a BERT encoder in Flax NNX with mean / CLS pooling.
+
+Post-LN BERT (Devlin et al.) exactly as ``transformers.BertModel``: word + learned position +
+token-type embeddings, LayerNorm, then blocks of self-attention and a GELU MLP, each followed
+by a residual LayerNorm. Contriever (and REPLUG, Eq. 1) embeds a text as the **mean of the
+last hidden layer over non-padding tokens**; CLS pooling and L2 normalisation are options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Pooling = Literal["mean", "cls"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    pad_token_id: int = 0
+    has_pooler: bool = True
+
+    @classmethod
+    def from_hf(cls, hf: dict, has_pooler: bool = True) -> "BertConfig":
+        """From an HF ``config.json`` dict of any ``BertModel``."""
+        model_type = hf.get("model_type", "bert")
+        if model_type != "bert":
+            raise ValueError(f"not a BERT config: model_type={model_type!r} (supported: 'bert')")
+        act = hf.get("hidden_act", "gelu")
+        if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu"):
+            raise ValueError(f"unsupported hidden_act {act!r} in BERT config")
+        if hf.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError("only absolute position embeddings are supported, got "
+                             f"{hf['position_embedding_type']!r}")
+        return cls(vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+                   num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+                   intermediate_size=hf["intermediate_size"],
+                   max_position=hf.get("max_position_embeddings", 512),
+                   type_vocab_size=hf.get("type_vocab_size", 2),
+                   layer_norm_eps=hf.get("layer_norm_eps", 1e-12), hidden_act=act,
+                   pad_token_id=hf.get("pad_token_id", 0) or 0, has_pooler=has_pooler)
+
+    def to_hf(self) -> dict:
+        return {"architectures": ["BertModel"], "model_type": "bert",
+                "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+                "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+                "intermediate_size": self.intermediate_size,
+                "max_position_embeddings": self.max_position,
+                "type_vocab_size": self.type_vocab_size, "layer_norm_eps": self.layer_norm_eps,
+                "hidden_act": self.hidden_act, "pad_token_id": self.pad_token_id,
+                "position_embedding_type": "absolute", "hidden_dropout_prob": 0.1,
+                "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02}
+
+    def flops_per_token(self, length: int) -> float:
+        d, f = self.hidden_size, self.intermediate_size
+        return self.num_layers * (2 * (4 * d * d + 2 * d * f) + 4 * d * length)
+
+
+def _act(name: str):
+    if name == "gelu":
+        return lambda x: jax.nn.gelu(x, approximate=False)
+    if name == "relu":
+        return jax.nn.relu
+    return lambda x: jax.nn.gelu(x, approximate=True)
+
+
+class BertLayer(nnx.Module):
+    def __init__(self, cfg: BertConfig, dtype, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        kw = dict(dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.cfg = cfg
+        self.query = nnx.Linear(d, d, **kw)
+        self.key = nnx.Linear(d, d, **kw)
+        self.value = nnx.Linear(d, d, **kw)
+        self.attn_out = nnx.Linear(d, d, **kw)
+        self.attn_norm = nnx.LayerNorm(d, epsilon=cfg.layer_norm_eps, **kw)
+        self.intermediate = nnx.Linear(d, cfg.intermediate_size, **kw)
+        self.output = nnx.Linear(cfg.intermediate_size, d, **kw)
+        self.output_norm = nnx.LayerNorm(d, epsilon=cfg.layer_norm_eps, **kw)
+
+    def __call__(self, x_BLD, mask_BL):
+        b, l, d = x_BLD.shape
+        h = self.cfg.num_heads
+
+        def heads(t):
+            return t.reshape(b, l, h, d // h)
+
+        q, k, v = heads(self.query(x_BLD)), heads(self.key(x_BLD)), heads(self.value(x_BLD))
+        logits_BHLS = jnp.einsum("blhd,bshd->bhls", q, k, preferred_element_type=jnp.float32)
+        logits_BHLS = logits_BHLS / jnp.sqrt(jnp.float32(d // h))
+        logits_BHLS = jnp.where(mask_BL[:, None, None, :], logits_BHLS, -1e30)
+        probs = jax.nn.softmax(logits_BHLS, axis=-1).astype(v.dtype)
+        ctx_BLD = jnp.einsum("bhls,bshd->blhd", probs, v).reshape(b, l, d)
+        x_BLD = self.attn_norm(x_BLD + self.attn_out(ctx_BLD))
+        ffn = self.output(_act(self.cfg.hidden_act)(self.intermediate(x_BLD)))
+        return self.output_norm(x_BLD + ffn)
+
+
+class BertEncoder(nnx.Module):
+    """``(input_ids_BL, attention_mask_BL, token_type_ids_BL?) -> last hidden [B, L, D]``."""
+
+    def __init__(self, cfg: BertConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.cfg = cfg
+        self.word_embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, **kw)
+        self.pos_embed = nnx.Embed(cfg.max_position, cfg.hidden_size, **kw)
+        self.type_embed = nnx.Embed(cfg.type_vocab_size, cfg.hidden_size, **kw)
+        self.embed_norm = nnx.LayerNorm(cfg.hidden_size, epsilon=cfg.layer_norm_eps, **kw)
+        self.layers = nnx.List([BertLayer(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
+        if cfg.has_pooler:  # unused by mean pooling; kept so exports are complete BertModels
+            self.pooler = nnx.Linear(cfg.hidden_size, cfg.hidden_size, **kw)
+
+    def __call__(self, input_ids_BL, attention_mask_BL, token_type_ids_BL=None):
+        if input_ids_BL.shape[1] > self.cfg.max_position:
+            raise ValueError(f"sequence length {input_ids_BL.shape[1]} exceeds the encoder's "
+                             f"maximum {self.cfg.max_position}; truncate the input")
+        if token_type_ids_BL is None:
+            token_type_ids_BL = jnp.zeros_like(input_ids_BL)
+        positions = jnp.arange(input_ids_BL.shape[1])[None, :]
+        x_BLD = (self.word_embed(input_ids_BL) + self.pos_embed(positions)
+                 + self.type_embed(token_type_ids_BL))
+        x_BLD = self.embed_norm(x_BLD)
+        mask_BL = attention_mask_BL.astype(bool)
+        for layer in self.layers:
+            x_BLD = layer(x_BLD, mask_BL)
+        return x_BLD
+
+
+def pool(hidden_BLD, attention_mask_BL, pooling: Pooling = "mean", normalize: bool = False):
+    """Text embedding ``E(·)`` from the last layer (paper §3.1): masked mean or CLS.
+
+    ``normalize=True`` returns unit vectors, so inner products are cosines (Eq. 1).
+    """
+    hidden = hidden_BLD.astype(jnp.float32)
+    if pooling == "mean":
+        m = attention_mask_BL.astype(jnp.float32)[..., None]
+        emb_BD = (hidden * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+    elif pooling == "cls":
+        emb_BD = hidden[:, 0]
+    else:
+        raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+    if normalize:
+        emb_BD = emb_BD / jnp.maximum(jnp.linalg.norm(emb_BD, axis=-1, keepdims=True), 1e-12)
+    return emb_BD

