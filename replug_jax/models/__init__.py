@@ -17,7 +17,13 @@ from flax import nnx
 
 from replug_jax.models import gpt2, llama
 from replug_jax.models.bert import BertConfig, BertEncoder, pool
-from replug_jax.models.decoder import CausalLM, DecoderConfig, init_cache, token_logprobs
+from replug_jax.models.decoder import (
+    CausalLM,
+    DecoderConfig,
+    functional,
+    init_cache,
+    token_logprobs,
+)
 from replug_jax.models.weights import (
     DEFAULT_LM,
     DEFAULT_RETRIEVER,
@@ -35,7 +41,7 @@ from replug_jax.models.weights import (
 
 __all__ = ["load_retriever", "load_lm", "export_retriever", "RetrieverModel", "LanguageModel",
            "BertConfig", "BertEncoder", "CausalLM", "DecoderConfig", "WeightsError",
-           "init_cache", "token_logprobs", "pool", "DEFAULT_LM", "DEFAULT_RETRIEVER"]
+           "functional", "init_cache", "token_logprobs", "pool", "DEFAULT_LM", "DEFAULT_RETRIEVER"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

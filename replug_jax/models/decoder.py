@@ -222,3 +222,18 @@ def token_logprobs(logits_BLV, targets_BL):
     """``log p(targets)`` per position from float32 logits: ``[B, L]``."""
     logp = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
     return jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]
+
+
+def functional(model: nnx.Module):
+    """``(apply, state)``: a jitted pure ``apply(state, *args)`` over ``nnx.split(model)``.
+
+    Jitting a closure over a module would bake the weights in as constants; splitting keeps
+    them as arguments (and is faster per call than ``nnx.jit``).
+    """
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def apply(state, *args, **kwargs):
+        return nnx.merge(graphdef, state)(*args, **kwargs)
+
+    return apply, state

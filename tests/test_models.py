@@ -1,0 +1,300 @@
+"""Model ports against PyTorch transformers on the same weights, plus loader errors."""
+
+import json
+import math
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from replug_jax.models import (
+    WeightsError,
+    export_retriever,
+    functional,
+    init_cache,
+    load_lm,
+    load_retriever,
+    pool,
+    token_logprobs,
+)
+from tests._models import (
+    packaged_or_skip,
+    random_ids,
+    save_tiny_bert,
+    torch_or_skip,
+    write_smollm_tokenizer,
+)
+
+FACTUAL = ("Paris is the capital and most populous city of France. With an estimated population "
+           "of 2,102,650 residents in January 2023 in an area of more than 105 km2, Paris is the "
+           "fourth-most populous city in the European Union and the 30th most densely populated "
+           "city in the world in 2022.")
+
+
+# -- BERT / Contriever ---------------------------------------------------------------------
+
+def _our_embeddings(retriever, ids, mask):
+    apply, state = functional(retriever.encoder)
+    hidden = apply(state, jnp.asarray(ids), jnp.asarray(mask))
+    return np.asarray(pool(hidden, jnp.asarray(mask), retriever.pooling, False))
+
+
+def _torch_embeddings(directory, ids, mask):
+    torch = torch_or_skip()
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(str(directory)).eval()
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                       attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+    m = mask[..., None].astype(np.float32)
+    return (hidden * m).sum(1) / m.sum(1)
+
+
+def _padded_batch(rng, lengths, max_len, vocab):
+    ids = np.zeros((len(lengths), max_len), np.int32)
+    mask = np.zeros((len(lengths), max_len), np.int32)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = random_ids(rng, n, vocab)
+        ids[i, 0] = 101  # [CLS]
+        mask[i, :n] = 1
+    return ids, mask
+
+
+@pytest.mark.torch
+@pytest.mark.models
+def test_bert_parity_real_minilm():
+    directory = packaged_or_skip("minilm")
+    retriever = load_retriever("minilm")
+    assert retriever.pooling == "mean" and retriever.normalize
+    ids, mask = _padded_batch(np.random.default_rng(0), [1, 7, 64, 129, 256], 256, 30522)
+    ours = _our_embeddings(retriever, ids, mask)
+    ref = _torch_embeddings(directory, ids, mask)
+    assert np.abs(ours - ref).max() <= 1e-4
+
+
+@pytest.mark.torch
+def test_bert_parity_tiny_random_and_export_round_trip(tmp_path):
+    directory = save_tiny_bert(tmp_path / "tiny")
+    retriever = load_retriever(str(directory))
+    assert retriever.pooling == "mean" and not retriever.normalize
+    ids, mask = _padded_batch(np.random.default_rng(1), [1, 5, 33, 64], 64, 30522)
+    ours = _our_embeddings(retriever, ids, mask)
+    np.testing.assert_allclose(ours, _torch_embeddings(directory, ids, mask), atol=1e-5)
+    out = export_retriever(retriever, tmp_path / "exported")
+    assert not (tmp_path / "exported.partial").exists()
+    np.testing.assert_allclose(_torch_embeddings(out, ids, mask), ours, atol=1e-5)
+    np.testing.assert_allclose(_our_embeddings(load_retriever(str(out)), ids, mask), ours,
+                               atol=1e-6)
+
+
+# -- Llama (SmolLM2 from the GGUF) ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm():
+    packaged_or_skip("smollm2")
+    return load_lm("smollm2")
+
+
+def _forward_logprobs(lm, ids_BL, positions_BL):
+    apply, state = functional(lm.model)
+    logits, _ = apply(state, jnp.asarray(ids_BL), jnp.asarray(positions_BL))
+    return np.asarray(token_logprobs(logits[:, :-1], jnp.asarray(ids_BL[:, 1:])))
+
+
+@pytest.mark.models
+def test_smollm_perplexity_and_capital(smollm):
+    tok = smollm.tokenizer
+    ids = np.array([tok(FACTUAL).input_ids])
+    lp = _forward_logprobs(smollm, ids, np.arange(ids.shape[1])[None])
+    ppl = math.exp(-lp.mean())
+    words = FACTUAL.split()
+    np.random.default_rng(0).shuffle(words)
+    ids_s = np.array([tok(" ".join(words)).input_ids])
+    ppl_shuffled = math.exp(-_forward_logprobs(smollm, ids_s, np.arange(ids_s.shape[1])[None])
+                            .mean())
+    assert 3.0 < ppl < 8.0, ppl
+    assert ppl_shuffled > 20 * ppl
+    prompt = np.array([tok("The capital of Germany is").input_ids])
+    apply, state = functional(smollm.model)
+    logits, _ = apply(state, jnp.asarray(prompt), jnp.arange(prompt.shape[1])[None])
+    assert tok.decode([int(np.argmax(logits[0, -1]))]) == " Berlin"
+
+
+@pytest.mark.models
+def test_left_padding_changes_nothing(smollm):
+    tok = smollm.tokenizer
+    a = tok("The capital of Germany is Berlin.").input_ids
+    b = tok("Water boils at").input_ids
+    L = max(len(a), len(b)) + 3
+    ids = np.zeros((2, L), np.int32)
+    pos = np.full((2, L), -1, np.int32)
+    for i, seq in enumerate((a, b)):
+        ids[i, L - len(seq):] = seq
+        pos[i, L - len(seq):] = np.arange(len(seq))
+    batched = _forward_logprobs(smollm, ids, pos)
+    for i, seq in enumerate((a, b)):
+        alone = _forward_logprobs(smollm, np.array([seq]), np.arange(len(seq))[None])[0]
+        np.testing.assert_allclose(batched[i, L - len(seq):], alone, atol=2e-4)
+
+
+@pytest.mark.models
+def test_kv_cache_equals_full_forward(smollm):
+    rng = np.random.default_rng(0)
+    ids = random_ids(rng, (2, 12), smollm.config.vocab_size)
+    pos = np.broadcast_to(np.arange(12), (2, 12)).astype(np.int32)
+    apply, state = functional(smollm.model)
+    full, _ = apply(state, jnp.asarray(ids), jnp.asarray(pos))
+    cache = init_cache(smollm.config, 2, 16)
+    step_logits = []
+    logits, cache = apply(state, jnp.asarray(ids[:, :8]), jnp.asarray(pos[:, :8]), cache)
+    step_logits.append(logits)
+    for t in range(8, 12):
+        logits, cache = apply(state, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(pos[:, t:t + 1]),
+                              cache)
+        step_logits.append(logits)
+    np.testing.assert_allclose(np.concatenate(step_logits, axis=1), full, atol=2e-3, rtol=1e-4)
+    assert int(cache["end"]) == 12
+
+
+@pytest.mark.torch
+@pytest.mark.models
+def test_llama_parity_against_transformers_gguf_loader(smollm):
+    torch = torch_or_skip()
+    pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
+    from transformers import AutoModelForCausalLM
+
+    gguf = packaged_or_skip("smollm2")
+    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                               dtype=torch.float32).eval()
+    ids = np.array([smollm.tokenizer(FACTUAL).input_ids])
+    with torch.no_grad():
+        ref_logp = torch.log_softmax(ref(torch.tensor(ids, dtype=torch.long)).logits, -1)
+    ref_lp = np.take_along_axis(ref_logp[0, :-1].numpy(), ids[0, 1:, None], -1)[:, 0]
+    ours = _forward_logprobs(smollm, ids, np.arange(ids.shape[1])[None])[0]
+    assert np.abs(ours - ref_lp).max() <= 1e-3
+
+
+@pytest.mark.torch
+@pytest.mark.models
+def test_llama_hf_layout_tiny_random(tmp_path):
+    torch = torch_or_skip()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=96,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      rope_theta=50000.0, tie_word_embeddings=False,
+                      max_position_embeddings=128)
+    ref = LlamaForCausalLM(cfg).eval()
+    ref.save_pretrained(tmp_path)
+    write_smollm_tokenizer(tmp_path)
+    lm = load_lm(str(tmp_path))
+    ids = random_ids(np.random.default_rng(2), (2, 20), 49152)
+    apply, state = functional(lm.model)
+    ours, _ = apply(state, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(20), (2, 20)))
+    with torch.no_grad():
+        theirs = ref(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4
+
+
+# -- GPT-2 --------------------------------------------------------------------------------
+
+@pytest.mark.torch
+def test_gpt2_parity_tiny_random(tmp_path):
+    torch = torch_or_skip()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=49152, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    ref = GPT2LMHeadModel(cfg).eval()
+    ref.save_pretrained(tmp_path)
+    write_smollm_tokenizer(tmp_path)
+    lm = load_lm(str(tmp_path))
+    ids = random_ids(np.random.default_rng(3), (2, 16), 49152)
+    apply, state = functional(lm.model)
+    ours, _ = apply(state, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(16), (2, 16)))
+    with torch.no_grad():
+        theirs = ref(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4
+    # GPT-2 with a KV cache too.
+    cache = init_cache(lm.config, 2, 16)
+    pos = np.broadcast_to(np.arange(16), (2, 16)).astype(np.int32)
+    first, cache = apply(state, jnp.asarray(ids[:, :10]), jnp.asarray(pos[:, :10]), cache)
+    rest, cache = apply(state, jnp.asarray(ids[:, 10:]), jnp.asarray(pos[:, 10:]), cache)
+    np.testing.assert_allclose(np.concatenate([first, rest], 1), theirs, atol=1e-4)
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+def test_directory_without_weights(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(WeightsError, match="no weights found"):
+        load_retriever(str(tmp_path))
+
+
+@pytest.mark.torch
+def test_truncated_safetensors(tmp_path):
+    directory = save_tiny_bert(tmp_path / "tiny")
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(WeightsError, match="model.safetensors.*truncated or corrupt"):
+        load_retriever(str(directory))
+
+
+@pytest.mark.torch
+def test_wrong_shape_and_missing_tensor_named(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    directory = save_tiny_bert(tmp_path / "tiny")
+    weights = directory / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["encoder.layer.1.intermediate.dense.weight"] = np.zeros((7, 32), np.float32)
+    save_file(tensors, str(weights))
+    with pytest.raises(WeightsError, match="encoder.layer.1.intermediate.dense.weight"):
+        load_retriever(str(directory))
+    del tensors["encoder.layer.1.intermediate.dense.weight"]
+    save_file(tensors, str(weights))
+    with pytest.raises(WeightsError, match="missing tensor.*encoder.layer.1.intermediate"):
+        load_retriever(str(directory))
+
+
+def test_unknown_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.zeros(2, np.float32)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(WeightsError, match="config.json.*unsupported architecture.*mamba"):
+        load_lm(str(tmp_path))
+
+
+def test_unsupported_gguf_architecture(tmp_path):
+    import gguf
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(WeightsError, match="tiny.gguf.*architecture 'mamba'"):
+        load_lm(str(path))
+
+
+def test_missing_source_and_offline_hub(monkeypatch):
+    with pytest.raises(WeightsError, match="no such file"):
+        load_lm("./does/not/exist.gguf")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(WeightsError, match="HF_HUB_OFFLINE"):
+        load_lm("someone/not-a-cached-model")
+
+
+def test_packaged_names_resolve():
+    from replug_jax.models.weights import resolve
+
+    minilm = packaged_or_skip("minilm")
+    assert resolve("minilm").path == minilm and resolve("minilm").kind == "hf_dir"
+    assert resolve("smollm2").kind == "gguf"
+    assert isinstance(pathlib.Path(resolve("smollm2").path), pathlib.Path)
