@@ -1,0 +1,55 @@
+"""Benchmark plumbing: timing, the machine's measured matmul peak, JSON + Markdown output."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def best_time(fn, repeats: int = 3, warmup: int = 1) -> float:
+    """Best wall time of ``fn()`` (which must block until its result is ready)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def matmul_peak_flops(n: int = 2048, dtype=jnp.float32) -> float:
+    """Measured FLOP/s of a jitted square matmul on the default device (the 'peak')."""
+    a = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda x, y: x @ y)
+    t = best_time(lambda: f(a, a).block_until_ready(), repeats=5)
+    return 2 * n**3 / t
+
+
+def machine() -> dict:
+    dev = jax.devices()[0]
+    return {"platform": dev.platform, "device": getattr(dev, "device_kind", str(dev)),
+            "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "jax": jax.__version__}
+
+
+def write(name: str, result: dict, table_rows: list[tuple], header: tuple) -> pathlib.Path:
+    """``benches/results/<name>.json`` and ``.md`` (a short Markdown table)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {"machine": machine(), **result}
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# {name}", "", f"machine: {result['machine']}", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in table_rows]
+    md = RESULTS / f"{name}.md"
+    md.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return md
