@@ -1,0 +1,173 @@
+"""Batched, bucketed, resumable text encoding with the BERT retriever (paper §3.1, Eq. 1).
+
+Texts are tokenised, sorted by length inside each block, and padded to one of a few length
+buckets with a fixed batch size, so ``jit`` compiles once per bucket and never per batch.
+Corpus embeddings go to a ``.npy`` memmap block by block; a small progress file records the
+finished blocks, so an interrupted run resumes where it stopped and produces byte-identical
+output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import warnings
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from replug_jax.models import RetrieverModel, load_retriever, pool
+
+BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+class Retriever:
+    """Tokenizer + BERT encoder + pooling, with ``encode_queries`` / ``encode_passages``.
+
+    ``similarity="cosine"`` (the paper's Eq. 1, default) L2-normalises every embedding so that
+    inner products are cosines; ``"dot"`` keeps raw pooled vectors (the official code).
+    """
+
+    def __init__(self, model: RetrieverModel, *, similarity: str = "cosine",
+                 max_length: int = 512, batch_size: int = 32):
+        if similarity not in ("cosine", "dot"):
+            raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
+        self.model = model
+        self.similarity = similarity
+        self.max_length = min(max_length, model.config.max_position)
+        self.batch_size = batch_size
+        self.buckets = tuple(b for b in BUCKETS if b < self.max_length) + (self.max_length,)
+        self.truncated = 0  # texts cut to max_length since creation
+        self._graphdef, self.state = nnx.split(model.encoder)
+        graphdef = self._graphdef
+        normalize = similarity == "cosine" or model.normalize
+        pooling = model.pooling
+
+        @jax.jit
+        def _encode(state, ids_BL, mask_BL):
+            hidden = nnx.merge(graphdef, state)(ids_BL, mask_BL)
+            return pool(hidden, mask_BL, pooling, normalize)
+
+        self._encode = _encode
+
+    @classmethod
+    def load(cls, source: str = "minilm", **kwargs) -> "Retriever":
+        return cls(load_retriever(source), **kwargs)
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def identity(self) -> dict:
+        return {"source": self.model.source, "fingerprint": self.model.fingerprint,
+                "pooling": self.model.pooling, "similarity": self.similarity,
+                "max_length": self.max_length}
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids with special tokens, truncated to ``max_length`` (counted, warned)."""
+        tok = self.model.tokenizer
+        ids = tok(list(texts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        out, cut = [], 0
+        for seq in ids:
+            if len(seq) > self.max_length:
+                seq = seq[: self.max_length - 1] + seq[-1:]  # keep the final [SEP]
+                cut += 1
+            out.append(seq)
+        if cut:
+            self.truncated += cut
+            warnings.warn(f"{cut} text(s) longer than the encoder's maximum of "
+                          f"{self.max_length} tokens were truncated", stacklevel=3)
+        return out
+
+    def _bucket(self, length: int) -> int:
+        return next(b for b in self.buckets if b >= length)
+
+    def encode_ids(self, ids: list[list[int]], params=None) -> np.ndarray:
+        """``[N, D]`` float32 embeddings of pre-tokenised texts, in input order."""
+        state = self.state if params is None else params
+        out = np.zeros((len(ids), self.dim), np.float32)
+        order = np.argsort([len(s) for s in ids], kind="stable")
+        pad = self.model.config.pad_token_id
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            length = self._bucket(max(len(ids[r]) for r in rows))
+            batch = np.full((self.batch_size, length), pad, np.int32)
+            mask = np.zeros((self.batch_size, length), np.int32)
+            for j, r in enumerate(rows):
+                batch[j, :len(ids[r])] = ids[r]
+                mask[j, :len(ids[r])] = 1
+            mask[len(rows):, 0] = 1  # filler rows: one token, so pooling stays finite
+            emb = self._encode(state, jnp.asarray(batch), jnp.asarray(mask))
+            out[rows] = np.asarray(emb[: len(rows)])  # device -> host
+        return out
+
+    def encode(self, texts: Sequence[str], params=None) -> np.ndarray:
+        return self.encode_ids(self.tokenize(texts), params)
+
+    encode_queries = encode
+
+    def encode_passages(self, texts: Sequence[str], params=None) -> np.ndarray:
+        return self.encode(texts, params)
+
+    def encode_to_file(self, texts: Sequence[str], path: str | pathlib.Path, *,
+                       block_size: int = 1024, params=None, progress: bool = True,
+                       on_block: Callable[[int], None] | None = None) -> np.ndarray:
+        """Embed ``texts`` into the ``.npy`` memmap ``path``, resuming an interrupted run.
+
+        The sidecar ``<path>.progress.json`` lists finished blocks; it is removed when every
+        block is done. ``on_block(i)`` is called after block ``i`` is flushed (for tests and
+        progress hooks). Returns the read-only memmap.
+        """
+        path = pathlib.Path(path)
+        progress_path = path.with_name(path.name + ".progress.json")
+        n = len(texts)
+        if n == 0:
+            raise ValueError("nothing to encode: the text list is empty")
+        identity = {"n": n, "dim": self.dim, "block_size": block_size, **self.identity}
+        done: set[int] = set()
+        if path.exists() and progress_path.exists():
+            state = json.loads(progress_path.read_text())
+            if state.get("identity") == identity:
+                done = set(state["done"])
+            else:
+                path.unlink()
+        elif path.exists():
+            arr = np.load(path, mmap_mode="r")
+            if arr.shape == (n, self.dim):
+                return arr  # complete from an earlier run
+            path.unlink()
+        if not path.exists():
+            done = set()
+            self._write_progress(progress_path, identity, done)  # before the data file
+            np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, self.dim))
+        out = np.load(path, mmap_mode="r+")
+        blocks = range(0, (n + block_size - 1) // block_size)
+        bar = tqdm(total=n, desc="encoding", unit="passage", disable=not progress)
+        bar.update(sum(min(block_size, n - b * block_size) for b in done))
+        for b in blocks:
+            if b in done:
+                continue
+            lo, hi = b * block_size, min(n, (b + 1) * block_size)
+            out[lo:hi] = self.encode(texts[lo:hi], params)
+            out.flush()
+            done.add(b)
+            self._write_progress(progress_path, identity, done)
+            bar.update(hi - lo)
+            if on_block is not None:
+                on_block(b)
+        bar.close()
+        del out
+        progress_path.unlink()
+        return np.load(path, mmap_mode="r")
+
+    @staticmethod
+    def _write_progress(path: pathlib.Path, identity: dict, done: set[int]) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"identity": identity, "done": sorted(done)}))
+        os.replace(tmp, path)

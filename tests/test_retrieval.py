@@ -1,0 +1,244 @@
+"""Corpus reading and chunking, resumable encoding, FAISS vs the exact JAX oracle, recall."""
+
+import json
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from replug_jax.retrieval.corpus import (
+    CorpusError,
+    Document,
+    chunk_documents,
+    demo_corpus,
+    read_documents,
+)
+from replug_jax.retrieval.encoder import Retriever
+from replug_jax.retrieval.index import Index, IndexLoadError, build_index, exact_topk
+from tests._models import packaged_or_skip, save_tiny_bert
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    packaged_or_skip("minilm")
+    return Retriever.load("minilm")
+
+
+@pytest.fixture(scope="module")
+def demo_embeddings(minilm):
+    passages = demo_corpus()[:400]
+    return passages, minilm.encode_passages([p.text for p in passages])
+
+
+# -- corpus ----------------------------------------------------------------------------------
+
+def test_read_jsonl_text_and_parquet(tmp_path):
+    jl = tmp_path / "c.jsonl"
+    jl.write_text('{"id": "a", "text": "alpha beta", "title": "A"}\n\n{"id": "b", "text": "gamma"}\n')
+    docs = read_documents(jl)
+    assert [d.id for d in docs] == ["a", "b"] and docs[0].title == "A"
+    txt = tmp_path / "c.txt"
+    txt.write_text("first line\n\nsecond line\n")
+    assert [d.text for d in read_documents(txt)] == ["first line", "second line"]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ["x"], "text": ["delta"]}), tmp_path / "c.parquet")
+    assert read_documents(tmp_path / "c.parquet")[0].text == "delta"
+
+
+def test_bad_corpora(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(CorpusError, match="empty"):
+        read_documents(empty)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\n\xff\xfe broken\n")
+    with pytest.raises(CorpusError, match=r"bad.txt:2: not valid UTF-8"):
+        read_documents(bad)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"id": 1, "text": "ok"}\n{"id": 2, "text": "   "}\n')
+    with pytest.warns(UserWarning, match="skipped 1"):
+        assert len(read_documents(blank)) == 1
+    with pytest.raises(CorpusError, match="no such"):
+        read_documents(tmp_path / "missing.jsonl")
+
+
+def test_word_chunking_offsets_and_overlap():
+    text = " ".join(f"w{i}" for i in range(25))
+    doc = Document("d", text, "T")
+    chunks = chunk_documents([doc], size=10, overlap=2)
+    assert [c.id for c in chunks] == [0, 1, 2]
+    for c in chunks:
+        assert text[c.start:c.end] == c.text and c.source_id == "d" and c.title == "T"
+    assert chunks[0].text.split()[-2:] == chunks[1].text.split()[:2]
+    assert chunks[-1].text.split()[-1] == "w24"
+    assert len(chunk_documents([doc], size=100)) == 1
+
+
+def test_token_chunking(minilm):
+    tok = minilm.model.tokenizer
+    doc = Document("d", "The quick brown fox jumps over the lazy dog. " * 20)
+    chunks = chunk_documents([doc], size=16, unit="tokens", tokenizer=tok)
+    for c in chunks[:-1]:
+        assert len(tok(c.text, add_special_tokens=False)["input_ids"]) == 16
+        assert doc.text[c.start:c.end] == c.text
+
+
+def test_demo_corpus_is_python_docs():
+    passages = demo_corpus()
+    assert len(passages) > 500
+    titles = {p.title for p in passages}
+    assert {"json.loads", "statistics.median", "os.path.join"} <= titles
+
+
+# -- encoding ------------------------------------------------------------------------------
+
+def test_bucketing_matches_one_at_a_time(minilm):
+    texts = ["short", "a somewhat longer sentence about Python lists and tuples",
+             "x " * 70, "json.loads parses a JSON document"]
+    batched = minilm.encode(texts)
+    alone = np.concatenate([minilm.encode([t]) for t in texts])
+    np.testing.assert_allclose(batched, alone, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.torch
+def test_resume_after_interruption_is_byte_identical(tmp_path):
+    retriever = Retriever.load(str(save_tiny_bert(tmp_path / "tiny")), batch_size=4)
+    texts = [f"passage number {i} " + "word " * (i % 13) for i in range(37)]
+    full = np.array(retriever.encode_to_file(texts, tmp_path / "full.npy", block_size=8,
+                                             progress=False))
+
+    class Killed(Exception):
+        pass
+
+    def die_after_two(b):
+        if b == 1:
+            raise Killed
+
+    with pytest.raises(Killed):
+        retriever.encode_to_file(texts, tmp_path / "part.npy", block_size=8, progress=False,
+                                 on_block=die_after_two)
+    assert (tmp_path / "part.npy.progress.json").exists()
+    computed = []
+    calls = {"n": 0}
+    original = retriever.encode
+
+    def counting(batch, params=None):
+        calls["n"] += len(batch)
+        return original(batch, params)
+
+    retriever.encode = counting
+    resumed = retriever.encode_to_file(texts, tmp_path / "part.npy", block_size=8,
+                                       progress=False, on_block=computed.append)
+    assert computed == [2, 3, 4] and calls["n"] == 37 - 16
+    assert (tmp_path / "full.npy").read_bytes() == (tmp_path / "part.npy").read_bytes()
+    np.testing.assert_array_equal(resumed, full)
+    assert not (tmp_path / "part.npy.progress.json").exists()
+
+
+# -- index ---------------------------------------------------------------------------------
+
+def test_faiss_exact_equals_jax_oracle(minilm, demo_embeddings):
+    passages, emb = demo_embeddings
+    index = Index.build(emb, passages, encoder=minilm.identity)
+    queries = minilm.encode_queries(["How do I read a CSV file?", "run a shell command",
+                                     "random number between two integers",
+                                     "compress data with gzip", "abstract base class"])
+    res = index.search(queries, 10)
+    scores, ids = exact_topk(queries, emb, 10, block=97)
+    scores, ids = np.asarray(scores), np.asarray(ids)
+    np.testing.assert_allclose(res.scores, scores, atol=1e-5)
+    # Ids must agree except where two scores tie within float32 noise (order is then free).
+    tie = np.zeros_like(ids, bool)
+    tie[:, 1:] |= np.abs(np.diff(scores, axis=1)) < 1e-5
+    tie[:, :-1] |= tie[:, 1:]
+    assert np.array_equal(res.ids[~tie], ids[~tie])
+    for row_faiss, row_jax in zip(res.ids, ids):
+        assert set(row_faiss[:-1]) <= set(row_jax) | set(row_faiss[-1:])
+    assert res.passages[0][0].id == res.ids[0, 0]
+
+
+def test_ivf_recall_against_exact(minilm, demo_embeddings):
+    passages, emb = demo_embeddings
+    exact = Index.build(emb, passages)
+    ivf = Index.build(emb, passages, factory="IVF16,Flat", nprobe=4)
+    queries = emb[::7] + 0.01 * np.random.default_rng(0).normal(size=emb[::7].shape)
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    a, b = exact.search(queries, 10).ids, ivf.search(queries, 10).ids
+    recall = np.mean([len(set(x) & set(y)) / 10 for x, y in zip(a, b)])
+    assert recall >= 0.95, recall
+
+
+def test_exclusion_and_k_larger_than_corpus(demo_embeddings):
+    passages, emb = demo_embeddings
+    index = Index.build(emb[:5], passages[:5])
+    top = index.search(emb[:1], 2).ids[0]
+    assert top[0] == passages[0].id
+    excluded = index.search(emb[:1], 2, exclude_ids=[[passages[0].id]]).ids[0]
+    assert passages[0].id not in excluded and excluded[0] == top[1]
+    with pytest.warns(UserWarning, match="only 5 passages"):
+        res = index.search(emb[:2], 8)
+    assert (res.ids[:, :5] >= 0).all() and (res.ids[:, 5:] == -1).all()
+    assert len(res.passages[0]) == 5
+
+
+def test_save_load_and_refusals(tmp_path, minilm, demo_embeddings):
+    passages, emb = demo_embeddings
+    index = Index.build(emb[:50], passages[:50], encoder=minilm.identity)
+    d = index.save(tmp_path / "idx")
+    loaded = Index.load(d, expect_encoder=minilm.identity,
+                        expect_corpus_checksum=index.manifest["corpus_checksum"])
+    np.testing.assert_array_equal(loaded.search(emb[:3], 4).ids, index.search(emb[:3], 4).ids)
+    other = dict(minilm.identity, fingerprint="0" * 64, source="someone/else")
+    with pytest.raises(IndexLoadError, match="rebuild the index with this retriever"):
+        Index.load(d, expect_encoder=other)
+    with pytest.raises(IndexLoadError, match="different corpus"):
+        Index.load(d, expect_corpus_checksum="f" * 64)
+    raw = bytearray((d / "index.faiss").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (d / "index.faiss").write_bytes(bytes(raw))
+    with pytest.raises(IndexLoadError, match="index.faiss: checksum mismatch"):
+        Index.load(d)
+    (d / "manifest.json").unlink()
+    with pytest.raises(IndexLoadError, match="not a complete index"):
+        Index.load(d)
+    with pytest.raises(IndexLoadError, match="no such index"):
+        Index.load(tmp_path / "nope")
+
+
+def test_build_index_counts_truncation(tmp_path, minilm):
+    from replug_jax.retrieval.corpus import Passage
+
+    passages = [Passage(0, "word " * 600), Passage(1, "a short passage")]
+    small = Retriever(minilm.model, max_length=64)
+    with pytest.warns(UserWarning, match="truncated"):
+        index = build_index(passages, small, tmp_path / "idx", progress=False)
+    assert index.manifest["truncated_passages"] == 1
+    assert Index.load(tmp_path / "idx").manifest["truncated_passages"] == 1
+    assert not (tmp_path / "idx.partial").exists()
+    with pytest.raises(ValueError, match="empty corpus"):
+        build_index([], small, tmp_path / "idx2")
+
+
+@pytest.mark.data
+@pytest.mark.slow
+def test_nq_gold_passage_recall_at_5(shared_data, minilm):
+    rows = [json.loads(line) for line in
+            (shared_data / "nq_gold_passages" / "nq_openbook.jsonl").read_text().splitlines()]
+    passages, questions = [], []
+    from replug_jax.retrieval.corpus import Passage
+
+    for i, row in enumerate(rows):
+        m = re.match(r"Context: (.*)\n\nQuestion: (.*)\nAnswer:", row["query"], re.S)
+        passages.append(Passage(i, m.group(1)))
+        questions.append(m.group(2))
+    index = Index.build(minilm.encode_passages([p.text for p in passages]), passages)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ids = index.search(minilm.encode_queries(questions), 5).ids
+    recall = float(np.mean([i in row for i, row in enumerate(ids)]))
+    print(f"NQ gold recall@5 = {recall:.3f} over {len(rows)} questions")
+    assert recall >= 0.90, recall
