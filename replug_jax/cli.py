@@ -1,40 +1,398 @@
-"""The `replug` command: parses arguments and calls library functions."""
+"""The `replug` command: parses arguments and calls library functions.
+
+Every sub-command takes ``--json`` for machine-readable output and ``--help`` for its options.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import pathlib
 import sys
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    import numpy as np
+def _setup_jax() -> None:
+    """Persistent compilation cache, so repeated runs skip XLA compilation."""
+    import jax
 
-    from replug_jax.core import mixture_logprobs, retrieval_log_weights
+    cache = os.environ.get("REPLUG_JAX_CACHE_DIR",
+                           str(pathlib.Path.home() / ".cache" / "replug_jax" / "jax"))
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
-    scores = np.array([[0.8473, 0.0]], np.float32)  # cosine similarities of two documents
-    log_w = retrieval_log_weights(scores)
-    branch = np.log(np.array([[[0.1], [0.9]]], np.float32))
-    mix = float(np.exp(mixture_logprobs(branch, log_w))[0, 0])
-    out = {"weights": np.exp(log_w)[0].round(4).tolist(), "branch_probs": [0.1, 0.9],
-           "mixture_prob": round(mix, 4)}
-    print(json.dumps(out) if args.json else
-          f"λ = {out['weights']}, p = {out['branch_probs']} -> REPLUG p = {out['mixture_prob']}")
+
+def _emit(args, obj, text: str) -> None:
+    print(json.dumps(obj, ensure_ascii=False) if args.json else text)
+
+
+# -- index ---------------------------------------------------------------------------------
+
+def _load_passages(args):
+    from replug_jax.retrieval.corpus import chunk_documents, demo_corpus, read_documents
+
+    if args.corpus == "demo":
+        return demo_corpus(size=args.chunk_size, overlap=args.overlap)
+    docs = read_documents(args.corpus)
+    tokenizer = None
+    if args.chunk_unit == "tokens":
+        from replug_jax.models import load_retriever
+
+        tokenizer = load_retriever(args.retriever).tokenizer
+    return chunk_documents(docs, size=args.chunk_size, overlap=args.overlap,
+                           unit=args.chunk_unit, tokenizer=tokenizer)
+
+
+def _cmd_index_build(args) -> int:
+    from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.retrieval.index import build_index
+
+    passages = _load_passages(args)
+    retriever = Retriever.load(args.retriever, similarity=args.similarity,
+                               max_length=args.max_length, batch_size=args.batch_size)
+    index = build_index(passages, retriever, args.out, factory=args.factory,
+                        progress=not args.json,
+                        extra={"corpus": str(args.corpus), "chunk_unit": args.chunk_unit,
+                               "chunk_size": args.chunk_size, "overlap": args.overlap})
+    m = index.manifest
+    _emit(args, {"out": str(args.out), **m},
+          f"indexed {m['n']} passages (dim {m['dim']}, {m['factory']}, "
+          f"{m['truncated_passages']} truncated) -> {args.out}")
     return 0
 
 
+def _cmd_index_search(args) -> int:
+    from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.retrieval.index import Index
+
+    index = Index.load(args.index)
+    enc = index.manifest.get("encoder", {})
+    retriever = Retriever.load(args.retriever or enc.get("source", "minilm"),
+                               similarity=enc.get("similarity", "cosine"),
+                               max_length=enc.get("max_length", 512))
+    index = Index.load(args.index, expect_encoder=retriever.identity)
+    res = index.search(retriever.encode_queries(args.query), args.k)
+    for qi, query in enumerate(args.query):
+        hits = [{"id": p.id, "score": float(s), "title": p.title, "text": p.text}
+                for p, s in zip(res.passages[qi], res.scores[qi])]
+        if args.json:
+            print(json.dumps({"query": query, "ids": [h["id"] for h in hits],
+                              "scores": [h["score"] for h in hits],
+                              "texts": [h["text"] for h in hits],
+                              "titles": [h["title"] for h in hits]}, ensure_ascii=False))
+        else:
+            print(f"query: {query}")
+            for rank, h in enumerate(hits, 1):
+                text = h["text"] if len(h["text"]) < 200 else h["text"][:197] + "..."
+                print(f"  {rank:2d}. [{h['score']:.4f}] #{h['id']} {h['title']}: {text}")
+    return 0
+
+
+# -- inference -----------------------------------------------------------------------------
+
+def _make_lm(args):
+    if args.api_base:
+        from replug_jax.lm.api_scorer import APIScorer
+
+        return APIScorer(args.api_base, model=args.api_model, tokenizer=args.api_tokenizer,
+                         timeout=args.api_timeout)
+    from replug_jax.lm.flax_scorer import FlaxLM
+
+    return FlaxLM.load(args.lm, dtype=args.dtype, max_context=args.max_context)
+
+
+def _make_pipeline(args, mode: str):
+    from replug_jax.replug import Replug
+    from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.retrieval.index import Index
+
+    lm = _make_lm(args)
+    retriever = index = None
+    if mode != "none":
+        if args.index is None:
+            raise ValueError(f"mode {mode!r} needs --index (build one with `replug index build`)")
+        index = Index.load(args.index)
+        enc = index.manifest.get("encoder", {})
+        retriever = Retriever.load(args.retriever or enc.get("source", "minilm"),
+                                   similarity=enc.get("similarity", "cosine"),
+                                   max_length=enc.get("max_length", 512))
+        index = Index.load(args.index, expect_encoder=retriever.identity)
+    return Replug(lm, retriever, index, k=args.k, temperature=args.temperature,
+                  separator=args.separator.encode().decode("unicode_escape"), mode=mode,
+                  seed=args.seed)
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
+    if not rows:
+        raise ValueError(f"{path}: no input lines")
+    return rows
+
+
+def _cmd_score(args) -> int:
+    from replug_jax.replug import summarize
+
+    rows = _read_jsonl(args.input)
+    for i, r in enumerate(rows):
+        if "context" not in r or "continuation" not in r:
+            raise ValueError(f"{args.input}: line {i + 1} needs 'context' and 'continuation'")
+    pipe = _make_pipeline(args, args.baseline)
+    results = []
+    from tqdm.auto import tqdm
+
+    for start in tqdm(range(0, len(rows), args.batch), desc="scoring", disable=args.json):
+        chunk = rows[start:start + args.batch]
+        results += pipe.score([r["context"] for r in chunk], [r["continuation"] for r in chunk],
+                              [r.get("query", r["context"]) for r in chunk])
+    summary = summarize(results)
+    if args.json:
+        for r in results:
+            print(json.dumps({k: v for k, v in r.to_json().items()
+                              if k in ("loglik", "num_tokens", "num_bytes", "doc_ids",
+                                       "weights", "retrieval_reliance", "cost")}))
+        print(json.dumps({"summary": summary, "settings": results[0].settings}))
+    else:
+        for i, r in enumerate(results):
+            print(f"{i}: loglik {r.loglik:.3f} over {r.num_tokens} tokens, docs "
+                  f"{list(zip(r.doc_ids, [round(w, 3) for w in r.weights]))}")
+        print(f"perplexity {summary['perplexity']:.3f}, bits per byte "
+              f"{summary['bits_per_byte']:.4f} ({summary['num_tokens']} tokens, mode "
+              f"{args.baseline}, k={args.k})")
+    return 0
+
+
+def _print_generation(r, title: str) -> None:
+    print(f"{title}: {r.text.strip()!r}")
+    if r.approximation:
+        print(f"  note: {r.approximation}")
+    for pid, t, w, text in zip(r.doc_ids, r.doc_titles, r.weights, r.doc_texts):
+        snippet = text if len(text) < 110 else text[:107] + "..."
+        print(f"  λ={w:.3f}  #{pid} {t}: {snippet}")
+    c = r.cost
+    print(f"  cost: {c['lm_calls']} LM rows, {c['input_tokens']} input + {c['output_tokens']} "
+          f"output tokens, LM {c['lm_seconds']:.2f}s, retrieval {c['retrieval_seconds']:.2f}s, "
+          f"wall {c['wall_seconds']:.2f}s")
+
+
+def _cmd_generate(args) -> int:
+    pipe = _make_pipeline(args, args.baseline)
+    r = pipe.generate([args.prompt], args.max_new_tokens, temperature=args.temperature_sample,
+                      top_p=args.top_p, stop=args.stop, queries=[args.query or args.prompt])[0]
+    if args.json:
+        print(json.dumps(r.to_json(), ensure_ascii=False))
+    else:
+        _print_generation(r, "generation")
+    return 0
+
+
+def _cmd_ask(args) -> int:
+    from replug_jax.prompts import qa_prompt
+
+    pipe = _make_pipeline(args, args.baseline)
+    prompt = qa_prompt(args.question, getattr(pipe.lm, "tokenizer", None))
+    r = pipe.generate([prompt], args.max_new_tokens, stop=["\n"], queries=[args.question])[0]
+    if args.json:
+        print(json.dumps({"question": args.question, "answer": r.text.strip(),
+                          **r.to_json()}, ensure_ascii=False))
+    else:
+        _print_generation(r, "answer")
+    return 0
+
+
+DEMO_QUESTIONS = (
+    "Which function in the json module parses a JSON string into a Python object?",
+    "Which function from the statistics module returns the middle value of numeric data?",
+    "What does shutil.rmtree do?",
+)
+
+
+def _cmd_demo(args) -> int:
+    from replug_jax.lm.flax_scorer import FlaxLM
+    from replug_jax.prompts import qa_prompt
+    from replug_jax.replug import Replug
+    from replug_jax.retrieval.corpus import corpus_checksum, demo_corpus
+    from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.retrieval.index import Index, IndexLoadError, build_index
+
+    log = (lambda *a: None) if args.json else print  # noqa: E731
+    passages = demo_corpus()
+    log(f"corpus: {len(passages)} passages of Python standard-library documentation")
+    retriever = Retriever.load(args.retriever)
+    try:
+        index = Index.load(args.index_dir, expect_encoder=retriever.identity,
+                           expect_corpus_checksum=corpus_checksum(passages))
+        log(f"index: reusing {args.index_dir}")
+    except IndexLoadError:
+        log(f"index: building {args.index_dir} (once; reused afterwards)")
+        index = build_index(passages, retriever, args.index_dir, progress=not args.json,
+                            extra={"corpus": "demo"})
+    lm = FlaxLM.load(args.lm)
+    pipe = Replug(lm, retriever, index, k=args.k)
+    out = []
+    for q in (args.question or DEMO_QUESTIONS):
+        prompt = qa_prompt(q, lm.tokenizer)
+        closed = pipe.generate([prompt], args.max_new_tokens, stop=["\n"], mode="none")[0]
+        rep = pipe.generate([prompt], args.max_new_tokens, stop=["\n"], queries=[q])[0]
+        out.append({"question": q, "answer_without_retrieval": closed.text.strip(),
+                    "answer_replug": rep.text.strip(), "sources": [
+                        {"id": i, "title": t, "weight": round(w, 4)}
+                        for i, t, w in zip(rep.doc_ids, rep.doc_titles, rep.weights)],
+                    "cost": rep.cost, "cost_without_retrieval": closed.cost})
+        if not args.json:
+            print(f"\nQ: {q}")
+            print(f"LM alone: {closed.text.strip()!r}")
+            _print_generation(rep, f"REPLUG (k={args.k})")
+    if args.json:
+        print(json.dumps({"results": out, "settings": pipe.settings("replug", args.k)}))
+    return 0
+
+
+def _add_pipeline_args(p: argparse.ArgumentParser, index_required: bool = False) -> None:
+    p.add_argument("--index", type=pathlib.Path, required=index_required,
+                   help="index directory from `replug index build` (not needed with "
+                   "--baseline none)")
+    p.add_argument("--retriever", default=None,
+                   help="query encoder (default: the one recorded in the index manifest)")
+    p.add_argument("--lm", default="smollm2",
+                   help="LM: packaged name, HF folder, hub id or .gguf (default: smollm2)")
+    p.add_argument("-k", type=int, default=10, help="documents per query (paper: 10)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="temperature τ of λ = softmax(s/τ) (paper: 1)")
+    p.add_argument("--separator", default="\\n\\n",
+                   help="text between a document and the input (default: a blank line)")
+    p.add_argument("--baseline", choices=("replug", "none", "concat", "top1", "random"),
+                   default="replug", help="replug (ensemble, default), none (LM alone), concat "
+                   "(all k documents in one prompt), top1, random (k random documents)")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling and random documents")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="LM parameter dtype (bfloat16 for GPU/TPU)")
+    p.add_argument("--max-context", type=int, default=2048,
+                   help="LM context budget in tokens; documents are cut to fit")
+    p.add_argument("--api-base", default=None,
+                   help="use an OpenAI-compatible server at this URL instead of --lm (API key "
+                   "from $REPLUG_API_KEY or $OPENAI_API_KEY)")
+    p.add_argument("--api-model", default=None, help="model name sent to the API")
+    p.add_argument("--api-tokenizer", default=None,
+                   help="local tokenizer source for the API's model (for document truncation)")
+    p.add_argument("--api-timeout", type=float, default=60.0, help="API timeout in seconds")
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print machine-readable JSON instead of text")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="replug", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="replug", description="REPLUG in JAX: retrieval-augmented black-box LMs (Shi et al. "
+        "2024). Retrievers and LMs default to the packaged offline models "
+        "(minilm, smollm2); any HF folder, hub id or .gguf file works too.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the REPLUG demo")
-    demo.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    index = sub.add_parser("index", help="build or search a passage index")
+    isub = index.add_subparsers(dest="index_command", required=True)
+    b = isub.add_parser("build", help="chunk a corpus, embed it and write a FAISS index",
+                        description="Chunk a corpus into passages, embed them with the "
+                        "retriever (resumable) and write a FAISS index directory.")
+    b.add_argument("--corpus", required=True,
+                   help="corpus file (.jsonl with id/text/title, .txt one document per line, "
+                   ".parquet), or 'demo' for the built-in Python-docs corpus")
+    b.add_argument("--retriever", default="minilm",
+                   help="retriever: packaged name, HF folder or hub id (default: minilm)")
+    b.add_argument("--out", required=True, type=pathlib.Path, help="index directory to write")
+    b.add_argument("--factory", default="Flat",
+                   help="faiss.index_factory string: Flat (exact, default), IVF1024,Flat, "
+                   "HNSW32, IVF256,PQ16, ...")
+    b.add_argument("--chunk-unit", choices=("words", "tokens"), default="words",
+                   help="chunk passages by words (DPR, default) or retriever tokens (REPLUG)")
+    b.add_argument("--chunk-size", type=int, default=100,
+                   help="passage length in chunk units (default 100; the paper uses 128 tokens)")
+    b.add_argument("--overlap", type=int, default=0, help="units shared by adjacent passages")
+    b.add_argument("--similarity", choices=("cosine", "dot"), default="cosine",
+                   help="cosine (paper Eq. 1, default) or raw dot product (official code)")
+    b.add_argument("--max-length", type=int, default=512,
+                   help="encoder token limit; longer passages are truncated and counted")
+    b.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
+    _add_json(b)
+    b.set_defaults(func=_cmd_index_build)
+    s = isub.add_parser("search", help="print the top-k passages for queries",
+                        description="Search an index directory with one or more queries.")
+    s.add_argument("index", type=pathlib.Path, help="index directory")
+    s.add_argument("query", nargs="+", help="query text(s)")
+    s.add_argument("-k", type=int, default=10, help="passages per query (default 10)")
+    s.add_argument("--retriever", default=None,
+                   help="query encoder (default: the one recorded in the index manifest)")
+    _add_json(s)
+    s.set_defaults(func=_cmd_index_search)
+
+    sc = sub.add_parser("score", help="REPLUG log-likelihood of continuations (perplexity, BPB)",
+                        description="Score each JSONL line {context, continuation, query?} with "
+                        "the REPLUG ensemble; the query defaults to the context.")
+    sc.add_argument("--input", type=pathlib.Path, required=True, help="JSONL input file")
+    sc.add_argument("--batch", type=int, default=8, help="lines per pipeline call")
+    _add_pipeline_args(sc)
+    _add_json(sc)
+    sc.set_defaults(func=_cmd_score)
+
+    gen = sub.add_parser("generate", help="coordinated REPLUG decoding of a prompt",
+                         description="Generate from the mixture over document branches; "
+                         "every branch receives the chosen token.")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--query", default=None, help="retrieval query (default: the prompt)")
+    gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate")
+    gen.add_argument("--temperature-sample", type=float, default=0.0,
+                     help="sampling temperature (0 = greedy, default)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--stop", action="append", default=[],
+                     help="stop string (repeatable)")
+    _add_pipeline_args(gen)
+    _add_json(gen)
+    gen.set_defaults(func=_cmd_generate)
+
+    ask = sub.add_parser("ask", help="answer a question with its sources and their weights",
+                         description="Question -> answer with REPLUG, printing the retrieved "
+                         "passages and λ.")
+    ask.add_argument("question", help="the question")
+    ask.add_argument("--max-new-tokens", type=int, default=32, help="answer length limit")
+    _add_pipeline_args(ask, index_required=False)
+    _add_json(ask)
+    ask.set_defaults(func=_cmd_ask)
+
+    demo = sub.add_parser("demo", help="REPLUG on the packaged models and Python-docs corpus",
+                          description="Build (or reuse) an index of the Python standard "
+                          "library's documentation with the packaged MiniLM retriever, then "
+                          "answer Python questions with the packaged SmolLM2, with and "
+                          "without retrieval, showing the sources, λ and the cost.")
+    demo.add_argument("--index-dir", type=pathlib.Path,
+                      default=pathlib.Path.home() / ".cache" / "replug_jax" / "demo_index",
+                      help="where the demo index is kept")
+    demo.add_argument("--retriever", default="minilm", help="retriever (default: minilm)")
+    demo.add_argument("--lm", default="smollm2", help="LM (default: smollm2)")
+    demo.add_argument("-k", type=int, default=5, help="documents per question (default 5)")
+    demo.add_argument("--max-new-tokens", type=int, default=24, help="answer length limit")
+    demo.add_argument("--question", action="append", default=None,
+                      help="ask this instead of the built-in questions (repeatable)")
+    _add_json(demo)
     demo.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    _setup_jax()
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"replug: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

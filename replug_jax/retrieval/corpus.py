@@ -199,7 +199,7 @@ def python_docs_documents(modules: Iterable[str] = DEMO_MODULES,
             if not obj_doc or len(obj_doc) < 40:
                 continue
             try:
-                sig = str(inspect.signature(obj))
+                sig = re.sub(r" at 0x[0-9a-f]+", "", str(inspect.signature(obj)))
             except (TypeError, ValueError):
                 sig = ""
             qual = f"{mod_name}.{name}"

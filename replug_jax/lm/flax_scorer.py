@@ -1,0 +1,323 @@
+"""The in-process backend: any ``load_lm`` model, batched ``[B·K, L]`` and jitted.
+
+Sequences are padded to a few length buckets and a fixed row count, so ``jit`` compiles a
+handful of shapes and never per call. Padding uses position -1 (see ``models.decoder``), so it
+never changes a result. Generation runs a jitted decode loop with a KV cache, in chunks of
+``chunk`` tokens between which stop strings are checked; the K document branches of a query
+decode together and receive the same token at every step (coordinated decoding, §3.2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from replug_jax.core.ensemble import mixture_logprobs
+from replug_jax.core.sampling import choose_token
+from replug_jax.lm.scorer import (
+    NEXT_TOKEN,
+    SCORE,
+    TOP_LOGPROBS,
+    ContinuationScore,
+    CostMeter,
+    Timer,
+)
+from replug_jax.models import LanguageModel, init_cache, load_lm
+
+LENGTH_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclasses.dataclass
+class EnsembleGeneration:
+    token_ids: list[list[int]]  # [G][T] chosen tokens per prompt
+    texts: list[str]
+    mixture_logprobs: list[np.ndarray]  # [G][T] log p_mix(chosen token)
+    branch_logprobs: list[np.ndarray]  # [G][K, T] log p_k(chosen token) in each branch
+    stopped_by: list[str]  # "eos", "stop", or "length"
+
+
+class FlaxLM:
+    """An :class:`~replug_jax.lm.scorer.LMScorer` over an in-process Flax causal LM."""
+
+    capabilities = frozenset({NEXT_TOKEN, SCORE, TOP_LOGPROBS})
+
+    def __init__(self, lm: LanguageModel, *, max_context: int = 2048, batch_size: int = 8,
+                 chunk: int = 16):
+        self.lm = lm
+        self.name = lm.source or "flax-lm"
+        self.tokenizer = lm.tokenizer
+        self.max_context = min(max_context, lm.config.max_position)
+        self.batch_size = batch_size
+        self.chunk = chunk
+        self.cost = CostMeter()
+        self.buckets = tuple(b for b in LENGTH_BUCKETS if b < self.max_context) + (
+            self.max_context,)
+        cfg = lm.config
+        self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_token_id or 0)
+        self.eos_id = cfg.eos_token_id
+        with_special = self.tokenizer("a")["input_ids"]
+        without = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        self.bos = with_special[:1] if len(with_special) > len(without) else []
+        graphdef, self.state = nnx.split(lm.model)
+        self._graphdef = graphdef
+
+        @jax.jit
+        def score_fn(state, tokens_BL, positions_BL, targets_BL):
+            logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL)
+            logp = jax.nn.log_softmax(logits, axis=-1)
+            return jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]
+
+        @jax.jit
+        def last_fn(state, tokens_BL, positions_BL, last_B):
+            logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL)
+            rows = jnp.arange(tokens_BL.shape[0])
+            return jax.nn.log_softmax(logits[rows, last_B], axis=-1)
+
+        self._score_fn = score_fn
+        self._last_fn = last_fn
+
+    @classmethod
+    def load(cls, source: str = "smollm2", dtype: str = "float32", **kwargs) -> "FlaxLM":
+        return cls(load_lm(source, dtype=dtype), **kwargs)
+
+    # -- tokens ------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if len(enc["input_ids"]) <= max_tokens:
+            return text
+        if max_tokens <= 0:
+            return ""
+        return text[: enc["offset_mapping"][max_tokens - 1][1]]
+
+    def split_continuation(self, prompt: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Tokenise ``prompt + continuation`` jointly; the continuation's tokens are those
+        ending after the prompt (a token straddling the boundary belongs to the continuation).
+        An OpenAI-compatible server that echoes the joint text makes the same split."""
+        text = prompt + continuation
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        cut = next((i for i, (_, end) in enumerate(offsets) if end > len(prompt)), len(ids))
+        return self.bos + list(ids[:cut]), list(ids[cut:])
+
+    def _bucket(self, length: int) -> int:
+        if length > self.max_context:
+            raise ValueError(f"sequence of {length} tokens exceeds the LM context of "
+                             f"{self.max_context}; shorten the input or the documents")
+        return next(b for b in self.buckets if b >= length)
+
+    def _batches(self, n: int):
+        for start in range(0, n, self.batch_size):
+            yield list(range(start, min(n, start + self.batch_size)))
+
+    # -- capabilities --------------------------------------------------------------------------
+
+    def score_token_ids(self, prefixes: Sequence[list[int]], continuations: Sequence[list[int]]
+                        ) -> list[np.ndarray]:
+        """``log p(cont_t | prefix, cont_<t)`` for token-id pairs, batched and bucketed."""
+        out: list[np.ndarray] = [None] * len(prefixes)  # type: ignore[list-item]
+        lengths = [len(p) + len(c) for p, c in zip(prefixes, continuations)]
+        order = np.argsort(lengths, kind="stable")
+        with Timer() as t:
+            for rows in self._batches(len(order)):
+                idx = [int(order[r]) for r in rows]
+                L = self._bucket(max(lengths[i] for i in idx))
+                tokens = np.full((self.batch_size, L), self.pad_id, np.int32)
+                positions = np.full((self.batch_size, L), -1, np.int32)
+                targets = np.zeros((self.batch_size, L), np.int32)
+                for j, i in enumerate(idx):
+                    seq = list(prefixes[i]) + list(continuations[i])
+                    tokens[j, :len(seq)] = seq
+                    positions[j, :len(seq)] = np.arange(len(seq))
+                    targets[j, :len(seq) - 1] = seq[1:]
+                logp = np.asarray(self._score_fn(self.state, tokens, positions, targets))
+                for j, i in enumerate(idx):
+                    p, c = len(prefixes[i]), len(continuations[i])
+                    if p == 0:
+                        raise ValueError("cannot score a continuation after an empty prompt "
+                                         "on a model without a BOS token")
+                    out[i] = logp[j, p - 1:p - 1 + c].astype(np.float32)
+        self.cost.add(len(prefixes), sum(lengths), 0, t.seconds)
+        return out
+
+    def score_continuations(self, prompts, continuations) -> list[ContinuationScore]:
+        pairs = [self.split_continuation(p, c) for p, c in zip(prompts, continuations)]
+        logps = self.score_token_ids([a for a, _ in pairs], [b for _, b in pairs])
+        return [ContinuationScore(np.array(c, np.int64),
+                                  [self.tokenizer.decode([t]) for t in c], lp, len(a))
+                for (a, c), lp in zip(pairs, logps)]
+
+    def next_token_logprobs_ids(self, prefixes: Sequence[list[int]]) -> np.ndarray:
+        out = np.zeros((len(prefixes), self.lm.config.vocab_size), np.float32)
+        with Timer() as t:
+            for rows in self._batches(len(prefixes)):
+                L = self._bucket(max(len(prefixes[i]) for i in rows))
+                tokens = np.full((self.batch_size, L), self.pad_id, np.int32)
+                positions = np.full((self.batch_size, L), -1, np.int32)
+                last = np.zeros(self.batch_size, np.int32)
+                for j, i in enumerate(rows):
+                    tokens[j, :len(prefixes[i])] = prefixes[i]
+                    positions[j, :len(prefixes[i])] = np.arange(len(prefixes[i]))
+                    last[j] = len(prefixes[i]) - 1
+                lp = self._last_fn(self.state, tokens, positions, last)
+                out[rows] = np.asarray(lp[: len(rows)])
+        self.cost.add(len(prefixes), sum(map(len, prefixes)), 0, t.seconds)
+        return out
+
+    def next_token_logprobs(self, prompts: Sequence[str]) -> np.ndarray:
+        return self.next_token_logprobs_ids([self.bos + self.encode(p) for p in prompts])
+
+    def top_logprobs(self, prompts: Sequence[str], n: int) -> list[dict[str, float]]:
+        lp = self.next_token_logprobs(prompts)
+        top = np.argsort(-lp, axis=-1)[:, :n]
+        return [{self.tokenizer.decode([int(t)]): float(lp[i, t]) for t in top[i]}
+                for i in range(len(prompts))]
+
+    # -- coordinated ensemble decoding ---------------------------------------------------------
+
+    @partial(jax.jit, static_argnames=("self", "steps", "k"))
+    def _decode(self, state, cache, logp_BV, log_w_GK, pos_B, done_G, rng, temperature, top_p,
+                *, steps: int, k: int):
+        model_graphdef = self._graphdef
+        eos = -1 if self.eos_id is None else self.eos_id
+
+        def step(carry, _):
+            cache, logp_BV, pos_B, done_G, rng = carry
+            rng, sub = jax.random.split(rng)
+            g = log_w_GK.shape[0]
+            logp_GKV = logp_BV.reshape(g, k, -1)
+            mix_GV = mixture_logprobs(logp_GKV, log_w_GK)
+            tok_G = choose_token(mix_GV, sub, temperature, top_p)
+            tok_G = jnp.where(done_G, eos if eos >= 0 else 0, tok_G)
+            mix_lp_G = jnp.take_along_axis(mix_GV, tok_G[:, None], -1)[:, 0]
+            branch_lp_GK = jnp.take_along_axis(logp_GKV, tok_G[:, None, None].repeat(k, 1),
+                                               -1)[..., 0]
+            tok_B = jnp.repeat(tok_G, k)  # the same token to every branch
+            logits, cache = nnx.merge(model_graphdef, state)(tok_B[:, None], pos_B[:, None],
+                                                             cache)
+            new_logp = jax.nn.log_softmax(logits[:, 0], axis=-1)
+            done_G = done_G | (tok_G == eos)
+            return (cache, new_logp, pos_B + 1, done_G, rng), (tok_G, mix_lp_G, branch_lp_GK)
+
+        carry, outs = jax.lax.scan(step, (cache, logp_BV, pos_B, done_G, rng), None,
+                                   length=steps)
+        return carry, outs
+
+    @partial(jax.jit, static_argnames=("self",))
+    def _prefill(self, state, tokens_BL, positions_BL, cache):
+        logits, cache = nnx.merge(self._graphdef, state)(tokens_BL, positions_BL, cache)
+        return jax.nn.log_softmax(logits[:, -1], axis=-1), cache
+
+    def __hash__(self):  # jit's static `self`: identity semantics
+        return id(self)
+
+    def __eq__(self, other):
+        return self is other
+
+    def generate_ensemble(self, prompts: Sequence[Sequence[str]], log_weights: np.ndarray, *,
+                          max_new_tokens: int = 32, temperature: float = 0.0,
+                          top_p: float = 1.0, stop: Sequence[str] = (), seed: int = 0
+                          ) -> EnsembleGeneration:
+        """Coordinated decoding over ``G`` groups of ``K`` branch prompts.
+
+        At each step the next token is chosen from ``Σ_k λ_k p(·|d_k ∘ x, y_<t)`` (greedy when
+        ``temperature == 0``, else temperature / nucleus sampling) and appended to all K
+        branches of its group. ``log_weights`` is ``[G, K]``.
+        """
+        g, k = np.asarray(log_weights).shape
+        if any(len(p) != k for p in prompts) or len(prompts) != g:
+            raise ValueError(f"prompts must be {g} groups of {k} branches")
+        flat = [self.bos + self.encode(p) for group in prompts for p in group]
+        L = self._bucket(max(map(len, flat)))
+        n_chunks = -(-max_new_tokens // self.chunk)
+        total = L + n_chunks * self.chunk
+        if total > self.lm.config.max_position:
+            raise ValueError(f"prompt ({L} tokens, bucketed) plus {max_new_tokens} new tokens "
+                             f"exceeds the model's {self.lm.config.max_position} positions")
+        b = g * k
+        tokens = np.full((b, L), self.pad_id, np.int32)
+        positions = np.full((b, L), -1, np.int32)
+        for i, seq in enumerate(flat):  # left padding: every branch ends at slot L-1
+            tokens[i, L - len(seq):] = seq
+            positions[i, L - len(seq):] = np.arange(len(seq))
+        pos_B = np.array([len(s) for s in flat], np.int32)
+        with Timer() as t:
+            log_w = jnp.asarray(log_weights, jnp.float32)
+            cache = init_cache(self.lm.config, b, total, self.lm.model.dtype)
+            logp, cache = self._prefill(self.state, jnp.asarray(tokens), jnp.asarray(positions),
+                                        cache)
+            carry = (cache, logp, jnp.asarray(pos_B), jnp.zeros(g, bool),
+                     jax.random.PRNGKey(seed))
+            toks, mix_lps, branch_lps = [], [], []
+            texts, stopped = [""] * g, ["length"] * g
+            for _ in range(n_chunks):
+                cache, logp, pos, done, rng = carry
+                carry, (tok, mix_lp, br_lp) = self._decode(
+                    self.state, cache, logp, log_w, pos, done, rng, temperature, top_p,
+                    steps=self.chunk, k=k)
+                toks.append(np.asarray(tok).T)
+                mix_lps.append(np.asarray(mix_lp).T)
+                branch_lps.append(np.asarray(br_lp).transpose(1, 2, 0))
+                all_toks = np.concatenate(toks, axis=1)
+                finished = True
+                for gi in range(g):
+                    seq = self._until_eos(all_toks[gi][:max_new_tokens])
+                    texts[gi] = self.tokenizer.decode(seq)
+                    hit = _stop_at(texts[gi], stop) is not None
+                    if len(seq) < len(all_toks[gi][:max_new_tokens]):
+                        stopped[gi] = "eos"
+                    elif hit:
+                        stopped[gi] = "stop"
+                    finished &= stopped[gi] != "length"
+                if finished:
+                    break
+        all_toks = np.concatenate(toks, axis=1)[:, :max_new_tokens]
+        mix_all = np.concatenate(mix_lps, axis=1)[:, :max_new_tokens]
+        br_all = np.concatenate(branch_lps, axis=2)[:, :, :max_new_tokens]
+        out_ids, out_mix, out_br = [], [], []
+        for gi in range(g):
+            seq = self._until_eos(all_toks[gi])
+            n = len(seq)
+            if stopped[gi] == "stop":  # cut the text at the stop string, and the tokens with it
+                cut = _stop_at(texts[gi], stop)
+                texts[gi] = texts[gi][:cut]
+                while n > 0 and len(self.tokenizer.decode(seq[:n - 1])) >= cut:
+                    n -= 1
+            else:
+                texts[gi] = self.tokenizer.decode(seq)
+            out_ids.append(seq[:n])
+            out_mix.append(mix_all[gi, :n])
+            out_br.append(br_all[gi, :, :n])
+        steps_run = all_toks.shape[1]
+        self.cost.add(b, int(sum(map(len, flat))), steps_run * b, t.seconds)
+        return EnsembleGeneration(out_ids, texts, out_mix, out_br, stopped)
+
+    def _until_eos(self, ids: np.ndarray) -> list[int]:
+        ids = [int(x) for x in ids]
+        if self.eos_id is not None and self.eos_id in ids:
+            return ids[: ids.index(self.eos_id)]
+        return ids
+
+
+def stop_position(text: str, stop) -> int | None:
+    """Where the first stop string starts in ``text``, ignoring leading whitespace (so a
+    newline stop does not end an answer before it begins); None if there is none."""
+    body = text.lstrip()
+    lead = len(text) - len(body)
+    found = [body.find(s) for s in stop if s and s in body]
+    return lead + min(found) if found else None
+
+
+_stop_at = stop_position

@@ -1,0 +1,398 @@
+"""The REPLUG pipeline (paper §3): retrieve -> weights -> K branches -> ensemble.
+
+``Replug(lm, retriever, index)`` offers ``score`` (per-token ensemble log-probs, perplexity,
+bits per byte), ``generate`` (coordinated decoding: every branch receives the token chosen from
+the mixture), ``answer_choice`` (multiple choice by mixture likelihood), and the baselines of
+the paper under the same interface (``mode``):
+
+* ``"replug"`` — the ensemble of §3.2 over the top-k documents, ``λ = softmax(s / τ)``;
+* ``"none"`` — the LM alone;
+* ``"concat"`` — all k documents in one prompt, highest-ranked first, documents dropped or cut
+  from the lowest-ranked end until the prompt fits the LM context;
+* ``"top1"`` — only the top document (the ensemble with k = 1);
+* ``"random"`` — k passages drawn uniformly from the corpus (seeded per query), mixed with
+  uniform weights: the §7.1 control.
+
+Every result records the mode, k, τ, the separator, the LM and retriever identities, the
+retrieved ids and weights, per-token document responsibilities, the retrieval reliance
+(ensemble log-likelihood minus the LM alone), and the cost: LM calls, tokens, times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+from replug_jax.core.ensemble import (
+    bits_per_byte,
+    doc_responsibility,
+    mixture_logprobs,
+    perplexity,
+    retrieval_log_weights,
+)
+from replug_jax.lm.flax_scorer import stop_position
+from replug_jax.lm.scorer import NEXT_TOKEN, SCORE, TOP_LOGPROBS, CapabilityError, require
+from replug_jax.retrieval.corpus import Passage
+from replug_jax.retrieval.index import corpus_text
+
+MODES = ("replug", "none", "concat", "top1", "random")
+
+
+@dataclasses.dataclass
+class Branches:
+    """The LM inputs of one query: K' prompts and their log-weights."""
+
+    prompts: list[str]
+    log_weights: np.ndarray  # [K']
+    passages: list[Passage]
+    scores: np.ndarray  # [K'] retrieval similarities (NaN where not applicable)
+
+
+@dataclasses.dataclass
+class ScoreResult:
+    context: str
+    continuation: str
+    tokens: list[str]
+    token_logprobs: np.ndarray  # [T] ensemble log-probs
+    loglik: float
+    num_tokens: int
+    num_bytes: int
+    doc_ids: list[int]
+    doc_titles: list[str]
+    weights: list[float]
+    responsibility: np.ndarray  # [K', T]
+    reliance: float | None  # loglik - loglik without retrieval
+    settings: dict
+    cost: dict
+
+    def to_json(self) -> dict:
+        return {"context": self.context, "continuation": self.continuation,
+                "loglik": self.loglik, "num_tokens": self.num_tokens,
+                "num_bytes": self.num_bytes, "tokens": self.tokens,
+                "token_logprobs": [round(float(x), 5) for x in self.token_logprobs],
+                "doc_ids": self.doc_ids, "doc_titles": self.doc_titles,
+                "weights": [round(w, 6) for w in self.weights],
+                "responsibility": np.round(self.responsibility, 5).tolist(),
+                "retrieval_reliance": self.reliance, "settings": self.settings,
+                "cost": self.cost}
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    prompt: str
+    text: str
+    tokens: list[str]
+    token_logprobs: np.ndarray  # [T] mixture log-prob of each chosen token
+    doc_ids: list[int]
+    doc_titles: list[str]
+    doc_texts: list[str]
+    weights: list[float]
+    responsibility: np.ndarray  # [K', T]
+    stopped_by: str
+    approximation: str | None
+    settings: dict
+    cost: dict
+
+    def to_json(self) -> dict:
+        return {"prompt": self.prompt, "text": self.text, "tokens": self.tokens,
+                "token_logprobs": [round(float(x), 5) for x in self.token_logprobs],
+                "doc_ids": self.doc_ids, "doc_titles": self.doc_titles,
+                "weights": [round(w, 6) for w in self.weights],
+                "responsibility": np.round(self.responsibility, 5).tolist(),
+                "stopped_by": self.stopped_by, "approximation": self.approximation,
+                "settings": self.settings, "cost": self.cost}
+
+
+def summarize(results: Sequence[ScoreResult]) -> dict:
+    """Corpus-level perplexity and bits per byte from per-line results."""
+    ll = float(sum(r.loglik for r in results))
+    toks = int(sum(r.num_tokens for r in results))
+    nbytes = int(sum(r.num_bytes for r in results))
+    return {"loglik": ll, "num_tokens": toks, "num_bytes": nbytes,
+            "perplexity": float(perplexity(ll, max(toks, 1))),
+            "bits_per_byte": float(bits_per_byte(ll, max(nbytes, 1))),
+            "lines": len(results)}
+
+
+class Replug:
+    """Retrieval-augmented black-box LM. ``retriever``/``index`` may be None for mode 'none'."""
+
+    def __init__(self, lm, retriever=None, index=None, *, k: int = 10,
+                 temperature: float = 1.0, separator: str = "\n\n", mode: str = "replug",
+                 seed: int = 0, top_n: int = 20):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if k <= 0:
+            raise ValueError(f"k must be positive, got {k}")
+        if temperature <= 0:
+            raise ValueError(f"the temperature of λ must be > 0, got {temperature}")
+        if mode != "none" and (retriever is None or index is None):
+            raise ValueError(f"mode {mode!r} needs a retriever and an index")
+        self.lm, self.retriever, self.index = lm, retriever, index
+        self.k, self.temperature, self.separator = k, temperature, separator
+        self.mode, self.seed, self.top_n = mode, seed, top_n
+        self.truncated_documents = 0
+
+    # -- retrieval and branches -----------------------------------------------------------------
+
+    def settings(self, mode: str, k: int) -> dict:
+        return {"mode": mode, "k": k, "temperature": self.temperature,
+                "separator": self.separator, "lm": getattr(self.lm, "name", "?"),
+                "retriever": None if self.retriever is None else self.retriever.identity,
+                "index": None if self.index is None else {
+                    "n": len(self.index), "factory": self.index.manifest.get("factory"),
+                    "corpus_checksum": self.index.manifest.get("corpus_checksum")}}
+
+    def retrieve(self, queries: Sequence[str], k: int, exclude_ids=None):
+        t0 = time.perf_counter()
+        res = self.index.search(self.retriever.encode_queries(list(queries)), k, exclude_ids)
+        return res, time.perf_counter() - t0
+
+    def _fit_document(self, doc: str, budget: int) -> str:
+        if budget <= 0:
+            return ""
+        cut = self.lm.truncate(doc, budget)
+        if cut != doc:
+            self.truncated_documents += 1
+        return cut
+
+    def _budget(self, context: str, reserve: int) -> int:
+        if self.lm.max_context is None:
+            return 1 << 30
+        used = self.lm.count_tokens(context) + self.lm.count_tokens(self.separator) + reserve + 2
+        if used > self.lm.max_context:
+            raise ValueError(f"the input alone ({used} tokens with the reserve for the output) "
+                             f"exceeds the LM context of {self.lm.max_context}")
+        return self.lm.max_context - used
+
+    def branches(self, contexts: Sequence[str], queries: Sequence[str] | None = None, *,
+                 mode: str | None = None, k: int | None = None, exclude_ids=None,
+                 reserve: Sequence[int] | int = 0) -> tuple[list[Branches], float]:
+        """The per-query branch prompts and log-weights for ``mode``; returns retrieval time."""
+        mode = mode or self.mode
+        k = k or self.k
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        queries = list(queries) if queries is not None else list(contexts)
+        if len(queries) != len(contexts):
+            raise ValueError(f"{len(queries)} queries for {len(contexts)} contexts")
+        reserves = [reserve] * len(contexts) if isinstance(reserve, int) else list(reserve)
+        if mode == "none":
+            return [Branches([c], np.zeros(1, np.float32), [], np.full(1, np.nan))
+                    for c in contexts], 0.0
+        if mode == "random":
+            rng = np.random.default_rng(self.seed)
+            out = []
+            for c, r in zip(contexts, reserves):
+                pick = rng.choice(len(self.index.passages), size=min(k, len(self.index.passages)),
+                                  replace=False)
+                ps = [self.index.passages[int(i)] for i in pick]
+                budget = self._budget(c, r)
+                out.append(Branches([self._fit_document(corpus_text(p), budget) + self.separator
+                                     + c for p in ps],
+                                    np.full(len(ps), -np.log(len(ps)), np.float32), ps,
+                                    np.full(len(ps), np.nan)))
+            return out, 0.0
+        res, seconds = self.retrieve(queries, 1 if mode == "top1" else k, exclude_ids)
+        out = []
+        for i, (c, r) in enumerate(zip(contexts, reserves)):
+            ps = res.passages[i]
+            if not ps:
+                raise ValueError(f"retrieval returned no passage for query {i}")
+            scores = res.scores[i, :len(ps)].astype(np.float32)
+            budget = self._budget(c, r)
+            if mode == "concat":
+                docs, left = [], budget
+                for p in ps:
+                    text = self._fit_document(corpus_text(p), left)
+                    if not text:
+                        break
+                    docs.append(text)
+                    left -= self.lm.count_tokens(text + self.separator)
+                prompt = self.separator.join(docs) + self.separator + c
+                out.append(Branches([prompt], np.zeros(1, np.float32), ps[:len(docs)], scores))
+                continue
+            log_w = np.asarray(retrieval_log_weights(scores[None], self.temperature))[0]
+            prompts = [self._fit_document(corpus_text(p), budget) + self.separator + c
+                       for p in ps]
+            out.append(Branches(prompts, log_w, ps, scores))
+        return out, seconds
+
+    # -- scoring --------------------------------------------------------------------------------
+
+    def score(self, contexts: Sequence[str], continuations: Sequence[str],
+              queries: Sequence[str] | None = None, *, mode: str | None = None,
+              k: int | None = None, exclude_ids=None, reliance: bool = True
+              ) -> list[ScoreResult]:
+        """Ensemble log-likelihood of each continuation given its context (teacher forcing).
+
+        The per-token mixture ``log Σ_k λ_k p(y_t | d_k ∘ x, y_<t)`` is the REPLUG next-token
+        probability of §3.2 evaluated at the gold tokens.
+        """
+        require(self.lm, SCORE, "REPLUG scoring")
+        if len(contexts) != len(continuations):
+            raise ValueError(f"{len(contexts)} contexts for {len(continuations)} continuations")
+        mode = mode or self.mode
+        k = k or self.k
+        t_wall = time.perf_counter()
+        before = self.lm.cost.snapshot()
+        reserve = [self.lm.count_tokens(c) for c in continuations]
+        groups, retrieval_s = self.branches(contexts, queries, mode=mode, k=k,
+                                            exclude_ids=exclude_ids, reserve=reserve)
+        prompts = [p for g in groups for p in g.prompts]
+        conts = [c for g, c in zip(groups, continuations) for _ in g.prompts]
+        if reliance and mode != "none":
+            prompts += list(contexts)
+            conts += list(continuations)
+        scored = self.lm.score_continuations(prompts, conts)
+        results, pos = [], 0
+        plain = scored[len(scored) - len(contexts):] if reliance and mode != "none" else None
+        for qi, g in enumerate(groups):
+            branch = scored[pos:pos + len(g.prompts)]
+            pos += len(g.prompts)
+            lengths = {len(s.logprobs) for s in branch}
+            if len(lengths) != 1:
+                raise ValueError(f"query {qi}: the continuation tokenised differently across "
+                                 f"document branches ({sorted(lengths)} tokens); put a space "
+                                 "or newline at the start of the continuation")
+            lp_KT = np.stack([s.logprobs for s in branch])
+            mix_T = np.asarray(mixture_logprobs(lp_KT[None], g.log_weights[None]))[0]
+            resp_KT = np.asarray(doc_responsibility(lp_KT[None], g.log_weights[None]))[0]
+            ll = float(mix_T.sum())
+            results.append(ScoreResult(
+                contexts[qi], continuations[qi], branch[0].tokens, mix_T, ll, len(mix_T),
+                len(continuations[qi].encode("utf-8")), [p.id for p in g.passages],
+                [p.title for p in g.passages], np.exp(g.log_weights).tolist(), resp_KT,
+                None if plain is None else ll - plain[qi].total if mode != "none" else 0.0,
+                self.settings(mode, k), {}))
+        cost = self._cost(before, retrieval_s, t_wall, len(results))
+        for r in results:
+            r.cost = cost
+        return results
+
+    def _cost(self, before: dict, retrieval_s: float, t_wall: float, n: int) -> dict:
+        from replug_jax.lm.scorer import CostMeter
+
+        c = CostMeter.diff(self.lm.cost.snapshot(), before)
+        c["retrieval_seconds"] = round(retrieval_s, 4)
+        c["wall_seconds"] = round(time.perf_counter() - t_wall, 4)
+        c["shared_by"] = n  # the cost covers this many results together
+        return c
+
+    def answer_choice(self, prompt: str, options: Sequence[str], query: str | None = None, *,
+                      mode: str | None = None, k: int | None = None,
+                      normalize: bool = False) -> dict:
+        """Pick the option with the highest ensemble likelihood (mean per token if
+        ``normalize``). Retrieval uses ``query`` (default: the prompt) once for all options."""
+        results = self.score([prompt] * len(options), list(options),
+                             [query or prompt] * len(options), mode=mode, k=k, reliance=False)
+        scores = [r.loglik / max(r.num_tokens, 1) if normalize else r.loglik for r in results]
+        best = int(np.argmax(scores))
+        return {"choice": best, "option": options[best], "scores": scores,
+                "doc_ids": results[0].doc_ids, "weights": results[0].weights,
+                "settings": results[0].settings, "cost": results[0].cost}
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 32, *,
+                 temperature: float = 0.0, top_p: float = 1.0, stop: Sequence[str] = (),
+                 queries: Sequence[str] | None = None, mode: str | None = None,
+                 k: int | None = None, exclude_ids=None, seed: int | None = None
+                 ) -> list[GenerationResult]:
+        """Coordinated decoding: each step's token comes from the mixture over the branches
+        and is appended to every branch (§3.2). Greedy when ``temperature == 0``."""
+        mode = mode or self.mode
+        k = k or self.k
+        t_wall = time.perf_counter()
+        before = self.lm.cost.snapshot()
+        groups, retrieval_s = self.branches(prompts, queries, mode=mode, k=k,
+                                            exclude_ids=exclude_ids, reserve=max_new_tokens)
+        seed = self.seed if seed is None else seed
+        approximation = None
+        if hasattr(self.lm, "generate_ensemble"):
+            outs = []
+            by_k: dict[int, list[int]] = {}
+            for i, g in enumerate(groups):
+                by_k.setdefault(len(g.prompts), []).append(i)
+            results: dict[int, tuple] = {}
+            for kk, idx in by_k.items():
+                gen = self.lm.generate_ensemble(
+                    [groups[i].prompts for i in idx],
+                    np.stack([groups[i].log_weights for i in idx]),
+                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                    stop=stop, seed=seed)
+                for j, i in enumerate(idx):
+                    results[i] = (gen.texts[j], gen.token_ids[j], gen.mixture_logprobs[j],
+                                  gen.branch_logprobs[j], gen.stopped_by[j])
+            decode = self.lm.tokenizer.decode
+            for i in range(len(groups)):
+                text, ids, mix, br, stopped = results[i]
+                outs.append((text, [decode([t]) for t in ids], mix, br, stopped))
+        else:
+            outs, approximation = self._generate_stepwise(groups, max_new_tokens, temperature,
+                                                          top_p, stop, seed)
+        cost = self._cost(before, retrieval_s, t_wall, len(groups))
+        final = []
+        for prompt, g, (text, toks, mix, br, stopped) in zip(prompts, groups, outs):
+            resp = (np.asarray(doc_responsibility(br[None], g.log_weights[None]))[0]
+                    if br.shape[-1] else np.zeros((len(g.prompts), 0)))
+            final.append(GenerationResult(
+                prompt, text, toks, mix, [p.id for p in g.passages],
+                [p.title for p in g.passages], [p.text for p in g.passages],
+                np.exp(g.log_weights).tolist(), resp, stopped, approximation,
+                self.settings(mode, k), cost))
+        return final
+
+    def _generate_stepwise(self, groups, max_new_tokens, temperature, top_p, stop, seed):
+        """Coordinated decoding through an API: one call per branch per token."""
+        import jax
+
+        from replug_jax.core.sampling import choose_token
+
+        exact = NEXT_TOKEN in self.lm.capabilities
+        if not exact and TOP_LOGPROBS not in self.lm.capabilities:
+            raise CapabilityError(f"{self.lm.name!r} exposes neither next-token distributions "
+                                  "nor top log-probs: REPLUG's ensemble cannot be computed "
+                                  "(only retrieve-and-prompt, which is not REPLUG)")
+        approximation = None if exact else (
+            f"approximate ensemble: only the top-{self.top_n} log-probs per branch are known; "
+            "the mixture is taken over the union of returned tokens, a token missing from a "
+            "branch's top-n counting as probability 0 there (a lower bound)")
+        rng = jax.random.PRNGKey(seed)
+        outs = []
+        for g in groups:
+            text, toks, mix_lps, branch_lps, stopped = "", [], [], [], "length"
+            for _ in range(max_new_tokens):
+                rng, sub = jax.random.split(rng)
+                prompts = [p + text for p in g.prompts]
+                if exact:
+                    lp_KV = self.lm.next_token_logprobs(prompts)
+                    vocab = None
+                else:
+                    tops = self.lm.top_logprobs(prompts, self.top_n)
+                    vocab = sorted(set().union(*[t.keys() for t in tops]))
+                    lp_KV = np.array([[t.get(v, -np.inf) for v in vocab] for t in tops],
+                                     np.float32)
+                mix_V = np.asarray(mixture_logprobs(lp_KV[None], g.log_weights[None]))[0]
+                tok = int(choose_token(mix_V[None], sub, temperature, top_p)[0])
+                piece = (self.lm.tokenizer.decode([tok]) if vocab is None else vocab[tok])
+                eos = getattr(self.lm, "eos_token", None)
+                if piece == "" or (eos is not None and piece == eos):
+                    stopped = "eos"
+                    break
+                text += piece
+                toks.append(piece)
+                mix_lps.append(mix_V[tok])
+                branch_lps.append(lp_KV[:, tok])
+                cut = stop_position(text, stop)
+                if cut is not None:
+                    text = text[:cut]
+                    stopped = "stop"
+                    break
+            br = np.stack(branch_lps, axis=1) if branch_lps else np.zeros((len(g.prompts), 0))
+            outs.append((text, toks, np.array(mix_lps, np.float32), br, stopped))
+        return outs, approximation
