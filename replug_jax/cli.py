@@ -255,6 +255,15 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from replug_jax.lm.flax_scorer import FlaxLM
+    from replug_jax.lm.server import serve
+
+    serve(FlaxLM.load(args.lm, dtype=args.dtype, max_context=args.max_context), args.host,
+          args.port, args.model_name)
+    return 0
+
+
 def _add_pipeline_args(p: argparse.ArgumentParser, index_required: bool = False) -> None:
     p.add_argument("--index", type=pathlib.Path, required=index_required,
                    help="index directory from `replug index build` (not needed with "
@@ -382,6 +391,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="ask this instead of the built-in questions (repeatable)")
     _add_json(demo)
     demo.set_defaults(func=_cmd_demo)
+
+    srv = sub.add_parser("serve", help="serve a Flax LM over an OpenAI-compatible API",
+                         description="Serve --lm at /v1/completions (echo, logprobs, "
+                         "prompt_logprobs), /v1/models and /health.")
+    srv.add_argument("--lm", default="smollm2", help="LM source (default: smollm2)")
+    srv.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    srv.add_argument("--model-name", default=None, help="model id reported by the API")
+    srv.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                     help="parameter dtype")
+    srv.add_argument("--max-context", type=int, default=2048, help="context limit in tokens")
+    _add_json(srv)
+    srv.set_defaults(func=_cmd_serve)
     return parser
 
 

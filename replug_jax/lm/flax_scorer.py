@@ -79,8 +79,14 @@ class FlaxLM:
             rows = jnp.arange(tokens_BL.shape[0])
             return jax.nn.log_softmax(logits[rows, last_B], axis=-1)
 
+        @partial(jax.jit, static_argnames=("n",))
+        def topn_fn(state, tokens_BL, positions_BL, n):
+            logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL)
+            return jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), n)
+
         self._score_fn = score_fn
         self._last_fn = last_fn
+        self._topn_fn = topn_fn
 
     @classmethod
     def load(cls, source: str = "smollm2", dtype: str = "float32", **kwargs) -> "FlaxLM":
@@ -178,6 +184,19 @@ class FlaxLM:
 
     def next_token_logprobs(self, prompts: Sequence[str]) -> np.ndarray:
         return self.next_token_logprobs_ids([self.bos + self.encode(p) for p in prompts])
+
+    def position_top_logprobs(self, ids: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``n`` next-token ``(log-probs, ids)`` after every position of one sequence."""
+        L = self._bucket(len(ids))
+        tokens = np.full((1, L), self.pad_id, np.int32)
+        positions = np.full((1, L), -1, np.int32)
+        tokens[0, :len(ids)] = ids
+        positions[0, :len(ids)] = np.arange(len(ids))
+        with Timer() as t:
+            lp, top = self._topn_fn(self.state, tokens, positions, n)
+            lp, top = np.asarray(lp[0, :len(ids)]), np.asarray(top[0, :len(ids)])
+        self.cost.add(1, len(ids), 0, t.seconds)
+        return lp, top
 
     def top_logprobs(self, prompts: Sequence[str], n: int) -> list[dict[str, float]]:
         lp = self.next_token_logprobs(prompts)

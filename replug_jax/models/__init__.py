@@ -39,7 +39,7 @@ from replug_jax.models.weights import (
     write_json_atomic,
 )
 
-__all__ = ["load_retriever", "load_lm", "export_retriever", "RetrieverModel", "LanguageModel",
+__all__ = ["load_retriever", "load_lm", "load_tokenizer", "export_retriever", "RetrieverModel", "LanguageModel",
            "BertConfig", "BertEncoder", "CausalLM", "DecoderConfig", "WeightsError",
            "functional", "init_cache", "token_logprobs", "pool", "DEFAULT_LM", "DEFAULT_RETRIEVER"]
 
@@ -220,6 +220,19 @@ def _gguf_tokenizer(path: pathlib.Path):
     except Exception as err:
         raise WeightsError(f"{path}: cannot build a tokenizer from the GGUF vocabulary "
                            f"({err})") from err
+
+
+def load_tokenizer(source: str):
+    """Only the tokenizer of a model source (HF folder, hub id, .gguf, packaged name)."""
+    from transformers import AutoTokenizer
+
+    resolved = resolve(source)
+    if resolved.kind == "gguf":
+        return _gguf_tokenizer(resolved.path)
+    try:
+        return AutoTokenizer.from_pretrained(str(resolved.path))
+    except Exception as err:
+        raise WeightsError(f"{resolved.path}: cannot load its tokenizer ({err})") from err
 
 
 def load_lm(source: str = DEFAULT_LM, *, dtype: str = "float32") -> LanguageModel:

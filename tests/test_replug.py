@@ -1,0 +1,163 @@
+"""The REPLUG pipeline against independent per-document computations on the real models."""
+
+import numpy as np
+import pytest
+
+from replug_jax.core.ensemble import retrieval_log_weights
+from replug_jax.lm.flax_scorer import FlaxLM
+from replug_jax.replug import Branches, Replug, summarize
+from replug_jax.retrieval.corpus import Passage
+from replug_jax.retrieval.encoder import Retriever
+from replug_jax.retrieval.index import Index
+from tests._models import packaged_or_skip
+
+pytestmark = pytest.mark.models
+
+DOCS = [
+    "Berlin is the capital and largest city of Germany.",
+    "Paris is the capital of France and its most populous city.",
+    "The Rhine flows from the Swiss Alps to the North Sea.",
+    "Madrid is the capital of Spain.",
+    "Mount Everest is Earth's highest mountain above sea level.",
+    "The Danube is the second-longest river in Europe.",
+    "The Zorblat river flows through the small town of Quenwick.",
+]
+
+
+@pytest.fixture(scope="module")
+def parts():
+    packaged_or_skip("minilm")
+    packaged_or_skip("smollm2")
+    retriever = Retriever.load("minilm")
+    passages = [Passage(i, t) for i, t in enumerate(DOCS)]
+    index = Index.build(retriever.encode_passages(DOCS), passages, encoder=retriever.identity)
+    lm = FlaxLM.load("smollm2", max_context=512)
+    return retriever, index, lm
+
+
+def test_ensemble_equals_independent_per_document_mixture(parts):
+    retriever, index, lm = parts
+    pipe = Replug(lm, retriever, index, k=3, temperature=0.5)
+    ctx, cont = "The capital of Germany is", " Berlin, on the river Spree."
+    [res] = pipe.score([ctx], [cont])
+    # Independent: retrieve, weigh, score each d ∘ x alone, mix in NumPy.
+    hits = index.search(retriever.encode_queries([ctx]), 3)
+    w = np.exp(hits.scores[0] / 0.5) / np.exp(hits.scores[0] / 0.5).sum()
+    per_doc = [lm.score_continuations([p.text + "\n\n" + ctx], [cont])[0].logprobs
+               for p in hits.passages[0]]
+    mix = np.log(sum(wk * np.exp(lp.astype(np.float64)) for wk, lp in zip(w, per_doc)))
+    np.testing.assert_allclose(res.token_logprobs, mix, atol=1e-4)
+    np.testing.assert_allclose(res.weights, w, atol=1e-5)
+    assert res.doc_ids == [int(i) for i in hits.ids[0]]
+    np.testing.assert_allclose(res.responsibility.sum(0), 1.0, atol=1e-5)
+    plain = lm.score_continuations([ctx], [cont])[0].total
+    assert res.reliance == pytest.approx(res.loglik - plain, abs=1e-3)
+    assert res.settings["k"] == 3 and res.settings["temperature"] == 0.5
+    assert res.settings["separator"] == "\n\n"
+    assert res.cost["lm_calls"] == 4 and res.cost["input_tokens"] > 0
+
+
+def test_k1_identical_permuted_and_separator(parts):
+    retriever, index, lm = parts
+    ctx, cont = "The longest river in Europe after the Volga is", " the Danube."
+    pipe = Replug(lm, retriever, index, k=1)
+    [k1] = pipe.score([ctx], [cont])
+    top = index.passages[k1.doc_ids[0]]
+    ref = lm.score_continuations([top.text + "\n\n" + ctx], [cont])[0].logprobs
+    np.testing.assert_allclose(k1.token_logprobs, ref, atol=1e-5)
+    [top1] = pipe.score([ctx], [cont], mode="top1", k=4)
+    np.testing.assert_allclose(top1.token_logprobs, ref, atol=1e-5)
+
+    pipe3 = Replug(lm, retriever, index, k=3)
+    groups, _ = pipe3.branches([ctx])
+    g = groups[0]
+    perm = [2, 0, 1]
+    permuted = Branches([g.prompts[i] for i in perm], g.log_weights[perm],
+                        [g.passages[i] for i in perm], g.scores[perm])
+    [a] = pipe3.score([ctx], [cont])
+    pipe3.branches = lambda *args, **kw: ([permuted], 0.0)
+    [b] = pipe3.score([ctx], [cont])
+    np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-5)
+    np.testing.assert_allclose(a.responsibility[perm], b.responsibility, atol=1e-5)
+
+    same = Branches([g.prompts[0]] * 3, g.log_weights, g.passages, g.scores)
+    pipe3.branches = lambda *args, **kw: ([same], 0.0)
+    [c] = pipe3.score([ctx], [cont])
+    plain_doc = lm.score_continuations([g.prompts[0]], [cont])[0].logprobs
+    np.testing.assert_allclose(c.token_logprobs, plain_doc, atol=1e-5)
+
+    pipe_sep = Replug(lm, retriever, index, k=1, separator="\nContext above.\n")
+    [d] = pipe_sep.score([ctx], [cont])
+    assert d.settings["separator"] == "\nContext above.\n"
+    ref_sep = lm.score_continuations([top.text + "\nContext above.\n" + ctx], [cont])[0]
+    np.testing.assert_allclose(d.token_logprobs, ref_sep.logprobs, atol=1e-5)
+
+
+def test_batched_equals_one_at_a_time(parts):
+    retriever, index, lm = parts
+    one = FlaxLM(lm.lm, max_context=512, batch_size=1)
+    contexts = ["The capital of Spain is", "The highest mountain on Earth is"]
+    conts = [" Madrid.", " Mount Everest, in the Himalayas."]
+    batched = Replug(lm, retriever, index, k=4).score(contexts, conts)
+    single = Replug(one, retriever, index, k=4).score(contexts, conts)
+    for x, y in zip(batched, single):
+        np.testing.assert_allclose(x.token_logprobs, y.token_logprobs, atol=1e-4)
+
+
+def test_baselines_share_the_interface(parts):
+    retriever, index, lm = parts
+    pipe = Replug(lm, retriever, index, k=3, seed=1)
+    ctx, cont = ["The Zorblat river flows through the town of"], [" Quenwick."]
+    out = {m: pipe.score(ctx, cont, mode=m)[0] for m in ("replug", "none", "concat", "random")}
+    assert out["none"].doc_ids == [] and out["none"].reliance is None
+    assert len(out["concat"].doc_ids) == 3 and out["concat"].weights == [1.0]
+    assert len(out["random"].doc_ids) == 3
+    np.testing.assert_allclose(out["random"].weights, [1 / 3] * 3, atol=1e-6)
+    # An invented fact: only the retrieved passage can teach it to the LM.
+    assert out["replug"].loglik > out["none"].loglik + 3
+    assert out["replug"].reliance > 3
+    assert out["concat"].loglik > out["none"].loglik + 3
+    s = summarize([out["replug"]])
+    assert s["bits_per_byte"] == pytest.approx(-out["replug"].loglik / (np.log(2) * 10))
+    res = pipe.answer_choice("The capital of France is", [" Madrid.", " Paris.", " Berlin."])
+    assert res["option"] == " Paris."
+
+
+def test_coordinated_greedy_decoding_is_mixture_argmax(parts):
+    retriever, index, lm = parts
+    pipe = Replug(lm, retriever, index, k=3)
+    prompt = "Question: What is the capital of Germany?\nAnswer:"
+    [gen] = pipe.generate([prompt], max_new_tokens=6, queries=["capital of Germany"])
+    groups, _ = pipe.branches([prompt], ["capital of Germany"])
+    g = groups[0]
+    prefixes = [lm.bos + lm.encode(p) for p in g.prompts]
+    ids = lm.tokenizer(gen.text, add_special_tokens=False)["input_ids"]
+    chosen = [int(t) for t in lm.tokenizer.convert_tokens_to_ids(
+        lm.tokenizer.convert_ids_to_tokens(ids))]
+    assert len(chosen) >= 2
+    for t, tok in enumerate(chosen):
+        lp_KV = lm.next_token_logprobs_ids([p + chosen[:t] for p in prefixes])  # recomputed
+        mix = np.logaddexp.reduce(lp_KV + g.log_weights[:, None], axis=0)
+        assert int(np.argmax(mix)) == tok, (t, tok)
+        assert gen.token_logprobs[t] == pytest.approx(mix[tok], abs=2e-3)
+    np.testing.assert_allclose(gen.responsibility.sum(0), 1.0, atol=1e-5)
+    assert gen.cost["output_tokens"] > 0 and gen.settings["mode"] == "replug"
+
+
+def test_bad_inputs(parts):
+    retriever, index, lm = parts
+    with pytest.raises(ValueError, match="mode"):
+        Replug(lm, retriever, index, mode="bogus")
+    with pytest.raises(ValueError, match="needs a retriever"):
+        Replug(lm, None, None, mode="replug")
+    with pytest.warns(UserWarning, match="only 7 passages"):
+        res = Replug(lm, retriever, index, k=10).score(["The capital of Spain is"], [" Madrid."])
+    assert len(res[0].doc_ids) == 7
+    with pytest.raises(ValueError, match="exceeds the LM context"):
+        Replug(lm, retriever, index, k=2).score(["word " * 600], [" end"])
+    # A document longer than the context is cut to fit, and counted.
+    long_index = Index.build(retriever.encode_passages(["Madrid " * 800]),
+                             [Passage(0, "Madrid " * 800)])
+    pipe = Replug(lm, retriever, long_index, k=1)
+    [r] = pipe.score(["The capital of Spain is"], [" Madrid."])
+    assert pipe.truncated_documents == 1 and np.isfinite(r.loglik)
