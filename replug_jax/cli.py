@@ -16,6 +16,8 @@ def _setup_jax() -> None:
     """Persistent compilation cache, so repeated runs skip XLA compilation."""
     import jax
 
+    if jax.config.jax_compilation_cache_dir:  # already chosen by the caller (e.g. tests)
+        return
     cache = os.environ.get("REPLUG_JAX_CACHE_DIR",
                            str(pathlib.Path.home() / ".cache" / "replug_jax" / "jax"))
     jax.config.update("jax_compilation_cache_dir", cache)

@@ -16,8 +16,25 @@ import uuid
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from replug_jax.lm.flax_scorer import FlaxLM
+
+
+class CompletionRequest(BaseModel):
+    """The subset of OpenAI's legacy completions request we implement (plus vLLM's
+    ``prompt_logprobs``)."""
+
+    model: str | None = None
+    prompt: str | list[str]
+    max_tokens: int = 16
+    echo: bool = False
+    logprobs: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    prompt_logprobs: int | None = None
 
 
 def _tokens_with_offsets(lm: FlaxLM, text: str) -> tuple[list[int], list[str], list[int]]:
@@ -63,23 +80,10 @@ def _logprob_block(lm: FlaxLM, ids: list[int], strings: list[str], offsets: list
 def create_app(lm: FlaxLM, model_name: str | None = None):
     """The FastAPI application serving ``lm``. Requests run one at a time (one device)."""
     from fastapi import FastAPI, HTTPException
-    from pydantic import BaseModel
 
     name = model_name or lm.name
     lock = threading.Lock()
     app = FastAPI(title="replug-jax LM server", version="1")
-
-    class CompletionRequest(BaseModel):
-        model: str | None = None
-        prompt: str | list[str]
-        max_tokens: int = 16
-        echo: bool = False
-        logprobs: int | None = None
-        temperature: float = 1.0
-        top_p: float = 1.0
-        stop: str | list[str] | None = None
-        seed: int | None = None
-        prompt_logprobs: int | None = None
 
     @app.get("/health")
     def health() -> dict:
