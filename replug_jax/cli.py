@@ -266,6 +266,45 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def _cmd_train_lsr(args) -> int:
+    from replug_jax.sharding import initialize_distributed
+    from replug_jax.train.config import load_config
+    from replug_jax.train.setup import build_trainer
+
+    initialize_distributed()
+    cfg, variant = load_config(args.config, args.set)
+    trainer = build_trainer(cfg, args.workdir, progress=not args.json)
+    result = trainer.run(stop_after=args.max_steps)
+    result["variant"] = variant
+    if args.json:
+        print(json.dumps(result))
+    else:
+        last = result["last"]
+        print(f"step {result['step']}/{cfg.total_steps}: loss {last.get('loss', float('nan')):.4f}"
+              f", P_R/Q argmax agreement {last.get('argmax_agreement', float('nan')):.2f}, "
+              f"LM cache {result['lm_cache_hits']} hits / {result['lm_cache_misses']} misses")
+        if "dev" in result:
+            print(f"dev: {result['dev']}")
+    return 0
+
+
+def _cmd_export_retriever(args) -> int:
+    from replug_jax.train.setup import build_trainer, model_card, saved_config
+
+    cfg = saved_config(args.workdir)
+    trainer = build_trainer(cfg, args.workdir, with_lm=False, progress=False)
+    step, meta = trainer._restore()
+    if meta is None:
+        raise ValueError(f"{args.workdir}: no checkpoint to export")
+    dev = None
+    dev_path = pathlib.Path(args.workdir) / "dev_metrics.json"
+    if dev_path.exists():
+        dev = json.loads(dev_path.read_text())
+    out = trainer.export(args.out, model_card(cfg, step, dev, args.workdir))
+    _emit(args, {"out": str(out), "step": step}, f"exported step {step} -> {out}")
+    return 0
+
+
 def _add_pipeline_args(p: argparse.ArgumentParser, index_required: bool = False) -> None:
     p.add_argument("--index", type=pathlib.Path, required=index_required,
                    help="index directory from `replug index build` (not needed with "
@@ -406,6 +445,30 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-context", type=int, default=2048, help="context limit in tokens")
     _add_json(srv)
     srv.set_defaults(func=_cmd_serve)
+
+    tr = sub.add_parser("train-lsr", help="REPLUG LSR: train the retriever from LM likelihoods",
+                        description="Train the retriever so that its distribution over the "
+                        "top-k documents matches the frozen LM's (paper §4). Resumes "
+                        "automatically from the latest checkpoint in --workdir.")
+    tr.add_argument("--config", required=True,
+                    help="config file and variant, e.g. experiments/configs/lsr_nq.py:tiny")
+    tr.add_argument("--workdir", required=True, type=pathlib.Path,
+                    help="run directory: checkpoints, index versions, metrics, LM-score cache")
+    tr.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="override config fields, e.g. --set k=10 gamma=0.5")
+    tr.add_argument("--max-steps", type=int, default=None,
+                    help="stop after this many steps of this invocation (resume later)")
+    _add_json(tr)
+    tr.set_defaults(func=_cmd_train_lsr)
+
+    ex = sub.add_parser("export-retriever", help="write a trained retriever in HF layout",
+                        description="Export the latest checkpoint of an LSR run as a "
+                        "transformers-loadable BERT folder with a model card.")
+    ex.add_argument("--workdir", required=True, type=pathlib.Path, help="the LSR run directory")
+    ex.add_argument("--out", required=True, type=pathlib.Path,
+                    help="output folder, e.g. checkpoints/minilm-lsr-nq")
+    _add_json(ex)
+    ex.set_defaults(func=_cmd_export_retriever)
     return parser
 
 

@@ -47,3 +47,46 @@ def write_smollm_tokenizer(directory: pathlib.Path) -> None:
 
 def random_ids(rng: np.random.Generator, shape, vocab: int) -> np.ndarray:
     return rng.integers(3, vocab, size=shape).astype(np.int32)
+
+
+_TOKENIZERS: dict = {}
+
+
+def cached_tokenizer(name: str):
+    """Packaged tokenizers, loaded once per test session (the GGUF one takes seconds)."""
+    from replug_jax.models import load_tokenizer
+
+    packaged_or_skip(name)
+    if name not in _TOKENIZERS:
+        _TOKENIZERS[name] = load_tokenizer(name)
+    return _TOKENIZERS[name]
+
+
+def tiny_retriever(seed: int = 0, similarity: str = "cosine"):
+    """A random 2-layer BERT (hidden 32) with the MiniLM tokenizer, built in memory."""
+    from flax import nnx
+
+    from replug_jax.models import RetrieverModel
+    from replug_jax.models.bert import BertConfig, BertEncoder
+    from replug_jax.retrieval.encoder import Retriever
+
+    cfg = BertConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                     max_position=64, has_pooler=False)
+    model = RetrieverModel(BertEncoder(cfg, rngs=nnx.Rngs(seed)), cached_tokenizer("minilm"),
+                           cfg, "mean", False, f"tiny-bert-{seed}", f"tiny-bert-{seed}")
+    return Retriever(model, similarity=similarity, max_length=64, batch_size=8)
+
+
+def tiny_lm(seed: int = 0, max_context: int = 256):
+    """A random 2-layer Llama (hidden 32) with the SmolLM2 tokenizer, as a FlaxLM."""
+    from flax import nnx
+
+    from replug_jax.lm.flax_scorer import FlaxLM
+    from replug_jax.models import CausalLM, DecoderConfig, LanguageModel
+
+    cfg = DecoderConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=8, max_position=512,
+                        eos_token_id=2, pad_token_id=2)
+    lm = LanguageModel(CausalLM(cfg, rngs=nnx.Rngs(seed)), cached_tokenizer("smollm2"), cfg,
+                       f"tiny-llama-{seed}", f"tiny-llama-{seed}")
+    return FlaxLM(lm, max_context=max_context, batch_size=8)

@@ -18,7 +18,6 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tqdm.auto import tqdm
 
 from replug_jax.models import RetrieverModel, load_retriever, pool
@@ -43,14 +42,15 @@ class Retriever:
         self.batch_size = batch_size
         self.buckets = tuple(b for b in BUCKETS if b < self.max_length) + (self.max_length,)
         self.truncated = 0  # texts cut to max_length since creation
-        self._graphdef, self.state = nnx.split(model.encoder)
-        graphdef = self._graphdef
+        from replug_jax.train.lsr import split_params, to_module
+
+        graphdef, template, self.params = split_params(model.encoder)
         normalize = similarity == "cosine" or model.normalize
         pooling = model.pooling
 
         @jax.jit
-        def _encode(state, ids_BL, mask_BL):
-            hidden = nnx.merge(graphdef, state)(ids_BL, mask_BL)
+        def _encode(params, ids_BL, mask_BL):
+            hidden = to_module(graphdef, template, params)(ids_BL, mask_BL)
             return pool(hidden, mask_BL, pooling, normalize)
 
         self._encode = _encode
@@ -89,8 +89,11 @@ class Retriever:
         return next(b for b in self.buckets if b >= length)
 
     def encode_ids(self, ids: list[list[int]], params=None) -> np.ndarray:
-        """``[N, D]`` float32 embeddings of pre-tokenised texts, in input order."""
-        state = self.state if params is None else params
+        """``[N, D]`` float32 embeddings of pre-tokenised texts, in input order.
+
+        ``params`` (a nested dict like :attr:`params`) overrides the loaded weights, e.g. to
+        embed with a training snapshot."""
+        state = self.params if params is None else params
         out = np.zeros((len(ids), self.dim), np.float32)
         order = np.argsort([len(s) for s in ids], kind="stable")
         pad = self.model.config.pad_token_id

@@ -1,0 +1,22 @@
+"""REPLUG LSR on NQ questions with their gold passages (prepare with
+``python -m experiments.prepare_nq``). Paper values are the LSRConfig defaults; the laptop
+variants shrink the batch, k and the step count to fit 2 CPU cores."""
+
+from replug_jax.train.config import LSRConfig
+
+_DATA = dict(task="qa", data="experiments/data/nq/train.jsonl",
+             dev_data="experiments/data/nq/dev.jsonl", corpus="experiments/data/nq/corpus.jsonl",
+             chunk_size=0, query_max_length=32, doc_max_length=192)
+
+CONFIGS = {
+    # What fits on 2 CPU cores in about an hour.
+    "default": LSRConfig(retriever="minilm", lm="smollm2", k=8, batch_size=16,
+                         total_steps=60, refresh_every=20, checkpoint_every=20,
+                         learning_rate=2e-5, **_DATA),
+    # CI: seconds.
+    "tiny": LSRConfig(retriever="minilm", lm="smollm2", k=4, batch_size=8, total_steps=6,
+                      refresh_every=3, checkpoint_every=3, refresh_mode="sync", **_DATA),
+    # The paper's setting on an accelerator: Contriever, k=20, batch 64, 25k steps, refresh 3k.
+    "nq_gpu": LSRConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
+                        **_DATA),
+}

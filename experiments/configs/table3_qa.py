@@ -1,0 +1,28 @@
+"""Table 3 (open-domain QA) at laptop scale: NQ questions with their gold Wikipedia passages."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class QAConfig:
+    retriever: str = "minilm"  # paper: Contriever
+    lm: str = "smollm2"  # paper: Codex / GPT-3
+    lsr_retriever: str | None = None  # a trained retriever folder (REPLUG LSR row)
+    num_questions: int = 100
+    shots: int = 4  # paper: 16-shot for NQ
+    k: int = 5
+    temperature: float = 1.0
+    modes: tuple = ("none", "replug", "random", "concat")
+    generate: bool = True  # exact match needs generation; likelihood does not
+    max_new_tokens: int = 16
+    max_context: int = 1024
+    seed: int = 0
+
+
+CONFIGS = {
+    "default": QAConfig(),
+    "tiny": QAConfig(num_questions=6, k=2, modes=("none", "replug", "random"),
+                     max_new_tokens=8),
+    "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
+                       num_questions=624, shots=16, k=10, max_context=4096),
+}

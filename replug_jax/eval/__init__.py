@@ -1,0 +1,1 @@
+"""Evaluation harnesses: QA (EM/F1), language modelling, MMLU."""

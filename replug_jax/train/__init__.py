@@ -1,0 +1,1 @@
+"""REPLUG LSR (paper §4): LM-supervised retriever training."""

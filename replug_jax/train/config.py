@@ -1,0 +1,142 @@
+"""Typed LSR configuration. Defaults are the paper's §5.2 values."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import pathlib
+from typing import Literal
+
+
+@dataclasses.dataclass(frozen=True)
+class LSRConfig:
+    # models
+    retriever: str = "facebook/contriever"  # paper: Contriever
+    lm: str = "smollm2"  # paper: GPT-3 Curie (any LMScorer works; an API via lm_api_base)
+    lm_api_base: str | None = None
+    similarity: Literal["cosine", "dot"] = "cosine"  # Eq. 1; the official code used dot
+    # data
+    task: Literal["qa", "lm"] = "qa"
+    data: str = ""  # JSONL: qa {"id","question","answer","gold_doc"?}; lm {"id","text"}
+    dev_data: str = ""
+    corpus: str = ""  # JSONL/text/parquet retrieval corpus (disjoint from the LM data)
+    chunk_size: int = 100
+    context_tokens: int = 128  # lm task: x = first 128 tokens, y = next 128 (§5.2)
+    continuation_tokens: int = 128
+    query_max_length: int = 128
+    doc_max_length: int = 128
+    separator: str = "\n\n"
+    # objective (§4)
+    k: int = 20
+    gamma: float = 0.1
+    beta: float = 0.1
+    direction: Literal["retriever_to_lm", "lm_to_retriever"] = "retriever_to_lm"
+    lm_score: Literal["mean", "sum"] = "mean"
+    objective: Literal["kl", "marginal"] = "kl"
+    # optimisation (§5.2)
+    optimizer: Literal["adam", "adamw"] = "adam"
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.1
+    grad_clip: float = 1.0
+    batch_size: int = 64
+    total_steps: int = 25_000
+    # index refresh (§4.4)
+    refresh_every: int = 3_000
+    refresh_mode: Literal["background", "sync"] = "background"
+    refresh_lag: int = 0  # background: swap at refresh step + lag (0 = refresh_every // 10)
+    index_factory: str = "Flat"
+    # bookkeeping
+    seed: int = 0
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    eval_every: int = 0  # 0 = only at the end
+    num_devices: int = 0  # 0 = all
+
+    def __post_init__(self):
+        checks = [
+            (self.k > 0, "k must be positive"),
+            (self.gamma > 0 and self.beta > 0, "gamma and beta must be > 0"),
+            (self.learning_rate > 0, "learning_rate must be > 0"),
+            (0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)"),
+            (self.batch_size > 0, "batch_size must be positive"),
+            (self.total_steps > 0, "total_steps must be positive"),
+            (self.refresh_every > 0, "refresh_every must be positive"),
+            (self.checkpoint_every > 0, "checkpoint_every must be positive"),
+            (self.keep_checkpoints > 0, "keep_checkpoints must be positive"),
+        ]
+        for literal, allowed in (("similarity", ("cosine", "dot")), ("task", ("qa", "lm")),
+                                 ("direction", ("retriever_to_lm", "lm_to_retriever")),
+                                 ("lm_score", ("mean", "sum")),
+                                 ("objective", ("kl", "marginal")),
+                                 ("optimizer", ("adam", "adamw")),
+                                 ("refresh_mode", ("background", "sync"))):
+            checks.append((getattr(self, literal) in allowed,
+                           f"{literal} must be one of {allowed}, got {getattr(self, literal)!r}"))
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"bad config: {message}")
+
+    @property
+    def lag(self) -> int:
+        if self.refresh_mode == "sync":
+            return 0
+        return self.refresh_lag or max(1, self.refresh_every // 10)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self, ignore=("total_steps", "eval_every", "checkpoint_every",
+                                  "keep_checkpoints")) -> str:
+        """A hash of everything that changes the training trajectory."""
+        d = {k: v for k, v in self.to_json().items() if k not in ignore}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def parse_value(field: dataclasses.Field, text: str):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    if field.type in ("int", int) and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value
+
+
+def apply_overrides(cfg: LSRConfig, overrides: list[str]) -> LSRConfig:
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    changes = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        if key not in fields:
+            raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(sorted(fields))}")
+        changes[key] = parse_value(fields[key], text)
+    return dataclasses.replace(cfg, **changes)
+
+
+def load_config(spec: str, overrides: list[str] = ()) -> tuple[LSRConfig, str]:
+    """``path/to/config.py[:variant]`` -> (config, variant). The file defines ``CONFIGS``."""
+    path_text, _, variant = spec.partition(":")
+    path = pathlib.Path(path_text)
+    if not path.exists():
+        raise ValueError(f"{path}: no such config file")
+    module_spec = importlib.util.spec_from_file_location(f"_replug_cfg_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    configs = getattr(module, "CONFIGS", None)
+    if not isinstance(configs, dict):
+        raise ValueError(f"{path}: defines no CONFIGS dict")
+    variant = variant or "default"
+    if variant not in configs:
+        raise ValueError(f"{path}: no variant {variant!r} (has: {', '.join(sorted(configs))})")
+    cfg = configs[variant]
+    if isinstance(cfg, dict):
+        unknown = set(cfg) - {f.name for f in dataclasses.fields(LSRConfig)}
+        if unknown:
+            raise ValueError(f"{path}:{variant}: unknown config key(s) {sorted(unknown)}")
+        cfg = LSRConfig(**cfg)
+    return apply_overrides(cfg, list(overrides)), variant

@@ -1,0 +1,90 @@
+"""LSR training examples: language modelling (x = 128 tokens, y = the next 128, §5.2) and
+question answering (x = question, y = answer), behind one :class:`Example` type.
+
+Iteration is a pure function of the step: batch ``s`` holds examples ``[s·B, (s+1)·B)`` of the
+concatenation of per-epoch permutations seeded by ``(seed, epoch)``, so resuming at any step
+needs nothing but the step number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+
+from replug_jax.prompts import PLAIN_QA
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    id: str
+    query: str  # the retrieval query
+    context: str  # the LM input that follows the document
+    continuation: str  # the ground truth y
+    gold_doc: int | None = None  # passage id, when known (QA with gold passages)
+
+
+def _jsonl(path: str | pathlib.Path) -> list[dict]:
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such data file")
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
+    if not rows:
+        raise ValueError(f"{path}: no examples")
+    return rows
+
+
+def qa_examples(path: str | pathlib.Path, demonstrations: str = "") -> list[Example]:
+    """``{"id","question","answer","gold_doc"?}`` lines -> examples with x = the question
+    (preceded by optional few-shot ``demonstrations`` text) and y = ``" " + answer``."""
+    out = []
+    for i, row in enumerate(_jsonl(path)):
+        if "question" not in row or "answer" not in row:
+            raise ValueError(f"{path}: line {i + 1} needs 'question' and 'answer'")
+        out.append(Example(str(row.get("id", i)), row["question"],
+                           demonstrations + PLAIN_QA.format(question=row["question"]),
+                           " " + str(row["answer"]).strip(),
+                           row.get("gold_doc")))
+    return out
+
+
+def lm_examples(path: str | pathlib.Path, tokenizer, context_tokens: int = 128,
+                continuation_tokens: int = 128) -> list[Example]:
+    """``{"id","text"}`` lines split into windows: x = ``context_tokens`` tokens, y = the next
+    ``continuation_tokens`` (the paper's 128 + 128). The query is x."""
+    out = []
+    width = context_tokens + continuation_tokens
+    for i, row in enumerate(_jsonl(path)):
+        text = str(row.get("text", ""))
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        for w, start in enumerate(range(0, len(offsets) - width + 1, width)):
+            a = offsets[start][0]
+            b = offsets[start + context_tokens][0]
+            c = offsets[start + width - 1][1]
+            out.append(Example(f"{row.get('id', i)}:{w}", text[a:b], text[a:b], text[b:c]))
+    if not out:
+        raise ValueError(f"{path}: no text long enough for {width}-token windows")
+    return out
+
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
+    """Example indices of batch ``step``: deterministic, resumable from the step alone."""
+    if n == 0:
+        raise ValueError("no training examples")
+    start = step * batch_size
+    out = np.empty(batch_size, np.int64)
+    for j in range(batch_size):
+        pos = start + j
+        epoch, offset = divmod(pos, n)
+        perm = np.random.default_rng([seed, epoch]).permutation(n)
+        out[j] = perm[offset]
+    return out

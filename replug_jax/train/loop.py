@@ -1,0 +1,402 @@
+"""The LSR I/O shell: data, retrieval, LM scores, index refresh, checkpoints, metrics.
+
+Everything impure lives here; the step itself is :func:`replug_jax.train.lsr.make_train_step`.
+
+Index refresh (§4.4) is deterministic so that runs resume exactly: a refresh *starts* at every
+multiple of ``refresh_every`` from a snapshot of the parameters (written to disk first) and is
+*swapped in* exactly ``lag`` steps later (``refresh_mode="sync"``: lag 0; ``"background"``:
+the corpus is re-embedded in a thread while training goes on, and the swap waits only if the
+new index is not ready). The index searched at step ``s`` is therefore always version
+``max(0, ⌊(s − lag) / refresh_every⌋ + 1)`` if ``s >= lag`` after the first refresh — never more
+than one refresh period behind. Every version is kept under ``workdir/index/v<N>``.
+
+Checkpoints (orbax) hold the parameters, optimizer state and step, plus JSON metadata: the
+config fingerprint, the index version in use and any refresh in flight. The metrics log
+(``metrics.jsonl``) is cut back to the restored step on resume, so no step is duplicated or
+missing. A corrupt latest checkpoint falls back to the previous one, with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+import threading
+import time
+import warnings
+
+import jax
+import numpy as np
+
+from replug_jax.retrieval.corpus import Passage
+from replug_jax.retrieval.encoder import Retriever
+from replug_jax.retrieval.index import Index, corpus_text
+from replug_jax.sharding import make_mesh, replicate, shard_batch
+from replug_jax.train.config import LSRConfig
+from replug_jax.train.data import Example, batch_indices
+from replug_jax.train.lsr import TrainState, init_state, make_optimizer, make_train_step
+from replug_jax.train.supervision import LMScoreCache, lm_scores
+
+
+class CheckpointMismatch(ValueError):
+    """The work directory holds a run with a different config."""
+
+
+@dataclasses.dataclass
+class _Refresh:
+    version: int
+    start_step: int
+    thread: threading.Thread | None = None
+    index: Index | None = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+
+def _flat(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, name + "/"))
+        else:
+            out[name] = np.asarray(value)
+    return out
+
+
+def _unflat(flat: dict[str, np.ndarray], like: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in like.items():
+        name = f"{prefix}{key}"
+        out[key] = _unflat(flat, value, name + "/") if isinstance(value, dict) else flat[name]
+    return out
+
+
+class LSRTrainer:
+    """Runs REPLUG LSR in ``workdir``, resuming automatically from its latest checkpoint."""
+
+    def __init__(self, cfg: LSRConfig, workdir: str | pathlib.Path, *, retriever: Retriever,
+                 lm_scorer, passages: list[Passage], train: list[Example],
+                 dev: list[Example] = (), progress: bool = True):
+        if not passages:
+            raise ValueError("the retrieval corpus is empty")
+        if not train:
+            raise ValueError("no training examples")
+        self.cfg = cfg
+        self.workdir = pathlib.Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.retriever = retriever
+        self.lm = lm_scorer
+        self.passages = passages
+        self.by_id = {p.id: p for p in passages}
+        self.train, self.dev = list(train), list(dev)
+        self.progress = progress
+        self.mesh = make_mesh(cfg.num_devices or None)
+        if cfg.batch_size % self.mesh.devices.size:
+            raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the "
+                             f"{self.mesh.devices.size} devices of the mesh")
+        self._check_workdir()
+        from replug_jax.train.lsr import split_params
+
+        self.graphdef, self.template, params = split_params(retriever.model.encoder)
+        self.tx = make_optimizer(cfg)
+        self.train_step, self.scores_fn = make_train_step(self.graphdef, self.template, cfg,
+                                                          self.tx, retriever.model.pooling)
+        self.state = replicate(init_state(params, self.tx), self.mesh)
+        self.cache = LMScoreCache(self.workdir / "lm_scores.sqlite",
+                                  f"{getattr(lm_scorer, 'name', cfg.lm)}|{cfg.separator!r}")
+        self._ckpt = None
+        self.index: Index | None = None
+        self.index_version = 0
+        self.pending: _Refresh | None = None
+        self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
+
+    # -- workdir and checkpoints -----------------------------------------------------------
+
+    def _check_workdir(self) -> None:
+        path = self.workdir / "config.json"
+        mine = {"fingerprint": self.cfg.fingerprint(), "config": self.cfg.to_json()}
+        if path.exists():
+            theirs = json.loads(path.read_text())
+            if theirs.get("fingerprint") != mine["fingerprint"]:
+                diff = sorted(k for k, v in self.cfg.to_json().items()
+                              if theirs.get("config", {}).get(k) != v)
+                raise CheckpointMismatch(
+                    f"{self.workdir} holds a run with a different config (differs in: "
+                    f"{', '.join(diff)}); use a new --workdir or the same config")
+        tmp = path.with_name("config.json.tmp")
+        tmp.write_text(json.dumps(mine, indent=2))
+        tmp.replace(path)
+
+    @property
+    def checkpoints(self):
+        if self._ckpt is None:
+            import orbax.checkpoint as ocp
+
+            self._ckpt = ocp.CheckpointManager(
+                self.workdir / "checkpoints",
+                options=ocp.CheckpointManagerOptions(max_to_keep=self.cfg.keep_checkpoints,
+                                                     create=True))
+        return self._ckpt
+
+    def _save(self, step: int) -> None:
+        import orbax.checkpoint as ocp
+
+        meta = {"step": step, "index_version": self.index_version,
+                "pending": None if self.pending is None else {
+                    "version": self.pending.version, "start_step": self.pending.start_step},
+                "config_fingerprint": self.cfg.fingerprint()}
+        self.checkpoints.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(self.state), meta=ocp.args.JsonSave(meta)), force=True)
+        self.checkpoints.wait_until_finished()
+
+    def _restore(self) -> tuple[int, dict | None]:
+        import orbax.checkpoint as ocp
+
+        steps = sorted(self.checkpoints.all_steps(), reverse=True)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
+        for i, step in enumerate(steps):
+            try:
+                restored = self.checkpoints.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+            except Exception as err:  # corrupt or partial: try the previous one
+                nxt = steps[i + 1] if i + 1 < len(steps) else None
+                warnings.warn(f"checkpoint at step {step} in {self.workdir / 'checkpoints'} "
+                              f"is unreadable ({type(err).__name__}: {str(err)[:120]}); "
+                              + (f"falling back to step {nxt}" if nxt is not None
+                                 else "starting from scratch"), stacklevel=2)
+                continue
+            st = restored["state"]
+            st = TrainState(*st) if not isinstance(st, TrainState) else st
+            self.state = replicate(st, self.mesh)
+            return step, restored["meta"]
+        return 0, None
+
+    # -- index versions -----------------------------------------------------------------------
+
+    def _version_dir(self, version: int) -> pathlib.Path:
+        return self.workdir / "index" / f"v{version}"
+
+    def _snapshot(self, version: int) -> dict:
+        from safetensors.numpy import save_file
+
+        d = self._version_dir(version)
+        d.mkdir(parents=True, exist_ok=True)
+        params = jax.device_get(self.state.params)
+        tmp = d / "params.safetensors.tmp"
+        save_file(_flat(params), str(tmp))
+        tmp.replace(d / "params.safetensors")
+        return params
+
+    def _load_snapshot(self, version: int) -> dict:
+        from safetensors.numpy import load_file
+
+        flat = load_file(str(self._version_dir(version) / "params.safetensors"))
+        return _unflat(flat, jax.device_get(self.state.params))
+
+    def _build_index(self, version: int, params: dict) -> Index:
+        out = self._version_dir(version) / "index"
+        try:
+            return Index.load(out)
+        except ValueError:
+            pass
+        emb = self.retriever.encode_to_file(
+            [corpus_text(p) for p in self.passages], self._version_dir(version) / "emb.npy",
+            params=params, progress=False)
+        index = Index.build(np.asarray(emb), self.passages, factory=self.cfg.index_factory,
+                            encoder=dict(self.retriever.identity, params_version=version))
+        index.save(out)
+        (self._version_dir(version) / "emb.npy").unlink(missing_ok=True)
+        return index
+
+    def _start_refresh(self, version: int, start_step: int, params: dict | None = None) -> None:
+        params = self._snapshot(version) if params is None else params
+        job = _Refresh(version, start_step)
+
+        def run():
+            t0 = time.perf_counter()
+            try:
+                job.index = self._build_index(version, params)
+            except BaseException as err:  # surfaced at the swap
+                job.error = err
+            job.seconds = time.perf_counter() - t0
+
+        if self.cfg.lag == 0:
+            run()
+        else:
+            job.thread = threading.Thread(target=run, name=f"index-refresh-v{version}",
+                                          daemon=True)
+            job.thread.start()
+        self.pending = job
+
+    def _finish_refresh(self) -> float:
+        job = self.pending
+        t0 = time.perf_counter()
+        if job.thread is not None:
+            job.thread.join()
+        waited = time.perf_counter() - t0
+        if job.error is not None:
+            raise RuntimeError(f"index refresh v{job.version} failed") from job.error
+        self.index, self.index_version, self.pending = job.index, job.version, None
+        old = self._version_dir(job.version - 2)
+        if old.exists():  # keep the current and previous versions only
+            shutil.rmtree(old, ignore_errors=True)
+        return waited
+
+    def _maybe_refresh(self, step: int) -> float:
+        cfg = self.cfg
+        waited = 0.0
+        if self.pending is not None and step >= self.pending.start_step + cfg.lag:
+            waited = self._finish_refresh()
+        if step > 0 and step % cfg.refresh_every == 0 and self.pending is None:
+            t0 = time.perf_counter()
+            self._start_refresh(self.index_version + 1, step)
+            if cfg.lag == 0:
+                self._finish_refresh()
+            waited += time.perf_counter() - t0 if cfg.lag == 0 else 0.0
+        return waited
+
+    # -- batches --------------------------------------------------------------------------------
+
+    def _tokenize(self, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+        tok = self.retriever.model.tokenizer
+        enc = tok(texts, padding="max_length", truncation=True, max_length=length,
+                  return_tensors="np")
+        return enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
+
+    def _batch(self, step: int) -> tuple[dict, dict]:
+        cfg = self.cfg
+        idx = batch_indices(step, cfg.batch_size, len(self.train), cfg.seed)
+        examples = [self.train[i] for i in idx]
+        queries = self.retriever.encode_queries([e.query for e in examples],
+                                                params=jax.device_get(self.state.params))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hits = self.index.search(queries, cfg.k)
+        t0 = time.perf_counter()
+        scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
+                                cfg.separator, cfg.lm_score)
+        lm_seconds = time.perf_counter() - t0
+        q_ids, q_mask = self._tokenize([e.query for e in examples], cfg.query_max_length)
+        docs = [corpus_text(self.by_id[int(d)]) if d >= 0 else "" for d in hits.ids.reshape(-1)]
+        d_ids, d_mask = self._tokenize(docs, cfg.doc_max_length)
+        b, k = hits.ids.shape
+        batch = {"query_ids": q_ids, "query_mask": q_mask,
+                 "doc_ids": d_ids.reshape(b, k, -1), "doc_mask": d_mask.reshape(b, k, -1),
+                 "doc_valid": hits.ids >= 0, "lm_scores": scores}
+        gold = [e.gold_doc for e in examples]
+        info = {"lm_new_pairs": new, "lm_seconds": lm_seconds,
+                "gold_in_topk": float(np.mean([g in row for g, row in zip(gold, hits.ids)]))
+                if all(g is not None for g in gold) else None}
+        return batch, info
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def _metrics_log(self, resume_step: int) -> pathlib.Path:
+        path = self.workdir / "metrics.jsonl"
+        if path.exists():  # drop steps after the restored checkpoint (they are redone)
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] < resume_step]
+            tmp = path.with_name("metrics.jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.replace(path)
+        return path
+
+    def run(self, stop_after: int | None = None, on_step=None) -> dict:
+        """Train to ``cfg.total_steps`` (or ``stop_after`` steps from the start of this call).
+
+        ``on_step(step, record)`` is called after each step is logged and checkpointed."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        start, meta = self._restore()
+        if meta is None:
+            self.index_version = 0
+            self._snapshot(0)
+            self.index = self._build_index(0, jax.device_get(self.state.params))
+        else:
+            self.index_version = meta["index_version"]
+            self.index = Index.load(self._version_dir(self.index_version) / "index")
+            if meta.get("pending"):
+                p = meta["pending"]
+                self._start_refresh(p["version"], p["start_step"],
+                                    self._load_snapshot(p["version"]))
+        log_path = self._metrics_log(start)
+        writer = None
+        try:
+            from tensorboardX import SummaryWriter
+
+            writer = SummaryWriter(str(self.workdir / "tb"))
+        except ImportError:
+            pass
+        end = cfg.total_steps if stop_after is None else min(cfg.total_steps, start + stop_after)
+        bar = tqdm(range(start, end), initial=start, total=cfg.total_steps, desc="LSR",
+                   disable=not self.progress)
+        last = {}
+        with open(log_path, "a") as log:
+            for step in bar:
+                t0 = time.perf_counter()
+                refresh_wait = self._maybe_refresh(step)
+                self.versions_used[step] = self.index_version
+                batch, info = self._batch(step)
+                self.state, metrics = self.train_step(self.state, shard_batch(batch, self.mesh))
+                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                record = {"step": step, **metrics, "index_version": self.index_version,
+                          "refresh_wait_seconds": round(refresh_wait, 4),
+                          "lm_new_pairs": info["lm_new_pairs"],
+                          "lm_seconds": round(info["lm_seconds"], 4),
+                          "step_seconds": round(time.perf_counter() - t0, 4)}
+                if info["gold_in_topk"] is not None:
+                    record["gold_in_topk"] = info["gold_in_topk"]
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                if writer is not None:
+                    for key, value in record.items():
+                        if key != "step" and isinstance(value, (int, float)):
+                            writer.add_scalar(key, value, step)
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", v=self.index_version)
+                last = record
+                done = step + 1
+                if done % cfg.checkpoint_every == 0 or done == end:
+                    self._save(done)
+                if on_step is not None:
+                    on_step(step, record)
+        if writer is not None:
+            writer.close()
+        result = {"step": end, "last": last, "lm_cache_hits": self.cache.hits,
+                  "lm_cache_misses": self.cache.misses}
+        if self.dev and end == cfg.total_steps:
+            result["dev"] = self.evaluate(self.dev)
+        return result
+
+    def evaluate(self, examples: list[Example], k: int | None = None) -> dict:
+        """Recall@1/5/k of gold passages (when known) and P_R–Q agreement on ``examples``,
+        searching a fresh index of the current parameters."""
+        k = k or self.cfg.k
+        params = jax.device_get(self.state.params)
+        emb = self.retriever.encode([corpus_text(p) for p in self.passages], params=params)
+        index = Index.build(emb, self.passages)
+        queries = self.retriever.encode_queries([e.query for e in examples], params=params)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hits = index.search(queries, k)
+        out = {"examples": len(examples)}
+        gold = [e.gold_doc for e in examples]
+        if all(g is not None for g in gold):
+            for r in sorted({1, 5, k}):
+                out[f"recall@{r}"] = float(np.mean([g in row[:r] for g, row in
+                                                    zip(gold, hits.ids)]))
+        scores, _ = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
+                              self.cfg.separator, self.cfg.lm_score)
+        agree = [int(np.argmax(s[row >= 0]) == 0) for s, row in zip(scores, hits.ids)]
+        out["top1_is_lm_best"] = float(np.mean(agree))
+        return out
+
+    def export(self, out_dir: str | pathlib.Path, card: str = "") -> pathlib.Path:
+        """The trained retriever in HF layout (see :func:`replug_jax.models.export_retriever`)."""
+        from replug_jax.models import export_retriever
+        from replug_jax.train.lsr import to_module
+
+        encoder = to_module(self.graphdef, self.template, jax.device_get(self.state.params))
+        model = dataclasses.replace(self.retriever.model, encoder=encoder)
+        return export_retriever(model, out_dir, {"MODEL_CARD.md": card} if card else None)

@@ -1,0 +1,123 @@
+"""The pure LSR training step (paper §4.1–4.3).
+
+``train_step(state, batch) -> (state, metrics)`` re-encodes the queries and their K retrieved
+documents with the current retriever parameters (so gradients reach the shared encoder through
+both towers), forms ``s(d, x)`` (cosine, Eq. 1, or dot product), and minimises
+``core.losses.lsr_loss`` (or the marginal-likelihood alternate) against LM scores that were
+computed beforehand by the frozen LM and arrive as data. LM parameters never enter the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from replug_jax.core.losses import lsr_distributions, lsr_loss, marginal_nll_loss
+from replug_jax.models.bert import pool
+
+
+class TrainState(NamedTuple):
+    params: Any  # the retriever's parameters as a nested dict of arrays
+    opt_state: Any
+    step: jax.Array
+
+
+def make_optimizer(cfg) -> optax.GradientTransformation:
+    """Adam/AdamW at ``learning_rate`` with linear warmup over ``warmup_ratio`` of the steps,
+    then linear decay to 0, after global-norm gradient clipping (§5.2: Adam, 2e-5, 10 %)."""
+    warmup = int(cfg.warmup_ratio * cfg.total_steps)
+    schedule = optax.join_schedules(
+        [optax.linear_schedule(0.0, cfg.learning_rate, max(warmup, 1)),
+         optax.linear_schedule(cfg.learning_rate, 0.0, max(cfg.total_steps - warmup, 1))],
+        [max(warmup, 1)])
+    if cfg.optimizer == "adamw":
+        opt = optax.adamw(schedule, weight_decay=cfg.weight_decay)
+    else:
+        opt = optax.adam(schedule)
+    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+    return optax.chain(*chain, opt)
+
+
+def learning_rate_at(cfg, step):
+    warmup = max(int(cfg.warmup_ratio * cfg.total_steps), 1)
+    step = jnp.asarray(step, jnp.float32)
+    up = cfg.learning_rate * step / warmup
+    down = cfg.learning_rate * jnp.maximum(0.0, 1 - (step - warmup) / max(
+        cfg.total_steps - warmup, 1))
+    return jnp.where(step < warmup, up, down)
+
+
+def _entropy(log_p):
+    p = jnp.exp(log_p)
+    return -jnp.sum(jnp.where(p > 0, p * jnp.where(p > 0, log_p, 0.0), 0.0), axis=-1)
+
+
+def split_params(module: nnx.Module):
+    """``(graphdef, template, params)``: params as a plain nested dict of arrays (what optax
+    and orbax see); ``template`` is the abstract state used to rebuild the module."""
+    graphdef, state = nnx.split(module)
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    return graphdef, template, nnx.to_pure_dict(state)
+
+
+def to_module(graphdef, template, params) -> nnx.Module:
+    state = jax.tree.map(lambda x: x, template)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)
+
+
+def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, pooling: str):
+    """Build the jitted ``train_step`` and a jitted ``scores_fn``.
+
+    ``graphdef``/``template`` are the retriever's static structure (see :func:`split_params`).
+
+    Batch fields: ``query_ids/query_mask [B, Lq]``, ``doc_ids/doc_mask [B, K, Ld]``,
+    ``doc_valid [B, K]`` (False for padding documents), ``lm_scores [B, K]``.
+    """
+    normalize = cfg.similarity == "cosine"
+
+    def scores_fn(params, batch):
+        encoder = to_module(graphdef, template, params)
+        b, k, ld = batch["doc_ids"].shape
+        q_BD = pool(encoder(batch["query_ids"], batch["query_mask"]), batch["query_mask"],
+                    pooling, normalize)
+        d_ids = batch["doc_ids"].reshape(b * k, ld)
+        d_mask = batch["doc_mask"].reshape(b * k, ld)
+        d_BKD = pool(encoder(d_ids, d_mask), d_mask, pooling, normalize).reshape(b, k, -1)
+        return jnp.einsum("bd,bkd->bk", q_BD, d_BKD)
+
+    def loss_fn(params, batch):
+        s_BK = scores_fn(params, batch)
+        if cfg.objective == "marginal":
+            loss = marginal_nll_loss(s_BK, batch["lm_scores"], cfg.gamma, batch["doc_valid"])
+        else:
+            loss = lsr_loss(s_BK, batch["lm_scores"], cfg.gamma, cfg.beta, batch["doc_valid"],
+                            direction=cfg.direction)
+        return loss, s_BK
+
+    @jax.jit
+    def train_step(state: TrainState, batch: dict):
+        (loss, s_BK), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        log_p, log_q = lsr_distributions(s_BK, batch["lm_scores"], cfg.gamma, cfg.beta,
+                                         batch["doc_valid"])
+        metrics = {
+            "loss": loss,
+            "entropy_retriever": jnp.mean(_entropy(log_p)),
+            "entropy_lm": jnp.mean(_entropy(log_q)),
+            "argmax_agreement": jnp.mean(jnp.argmax(log_p, -1) == jnp.argmax(log_q, -1)),
+            "grad_norm": optax.tree.norm(grads),
+            "learning_rate": learning_rate_at(cfg, state.step),
+        }
+        return TrainState(params, opt_state, state.step + 1), metrics
+
+    return train_step, jax.jit(scores_fn)
+
+
+def init_state(params, tx) -> TrainState:
+    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
