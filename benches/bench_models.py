@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-import jax.numpy as jnp
 import numpy as np
 
 from benches.common import best_time, matmul_peak_flops, write

@@ -13,7 +13,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 

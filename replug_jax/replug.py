@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from typing import Sequence
 
 import numpy as np

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from replug_jax.core.ensemble import retrieval_log_weights
 from replug_jax.lm.flax_scorer import FlaxLM
 from replug_jax.replug import Branches, Replug, summarize
 from replug_jax.retrieval.corpus import Passage

@@ -35,7 +35,8 @@ def demo_embeddings(minilm):
 
 def test_read_jsonl_text_and_parquet(tmp_path):
     jl = tmp_path / "c.jsonl"
-    jl.write_text('{"id": "a", "text": "alpha beta", "title": "A"}\n\n{"id": "b", "text": "gamma"}\n')
+    jl.write_text('{"id": "a", "text": "alpha beta", "title": "A"}\n\n'
+                  '{"id": "b", "text": "gamma"}\n')
     docs = read_documents(jl)
     assert [d.id for d in docs] == ["a", "b"] and docs[0].title == "A"
     txt = tmp_path / "c.txt"

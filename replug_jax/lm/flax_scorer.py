@@ -128,6 +128,11 @@ class FlaxLM:
         for start in range(0, n, self.batch_size):
             yield list(range(start, min(n, start + self.batch_size)))
 
+    def _rows(self, n: int) -> int:
+        """Rows of a padded batch: the next power of two, capped at ``batch_size`` (a few
+        compiled shapes, and a K=2 call does not pay for 8 rows)."""
+        return min(self.batch_size, 1 << max(n - 1, 0).bit_length())
+
     # -- capabilities --------------------------------------------------------------------------
 
     def score_token_ids(self, prefixes: Sequence[list[int]], continuations: Sequence[list[int]]
@@ -140,9 +145,10 @@ class FlaxLM:
             for rows in self._batches(len(order)):
                 idx = [int(order[r]) for r in rows]
                 L = self._bucket(max(lengths[i] for i in idx))
-                tokens = np.full((self.batch_size, L), self.pad_id, np.int32)
-                positions = np.full((self.batch_size, L), -1, np.int32)
-                targets = np.zeros((self.batch_size, L), np.int32)
+                rows_ = self._rows(len(idx))
+                tokens = np.full((rows_, L), self.pad_id, np.int32)
+                positions = np.full((rows_, L), -1, np.int32)
+                targets = np.zeros((rows_, L), np.int32)
                 for j, i in enumerate(idx):
                     seq = list(prefixes[i]) + list(continuations[i])
                     tokens[j, :len(seq)] = seq
@@ -170,9 +176,10 @@ class FlaxLM:
         with Timer() as t:
             for rows in self._batches(len(prefixes)):
                 L = self._bucket(max(len(prefixes[i]) for i in rows))
-                tokens = np.full((self.batch_size, L), self.pad_id, np.int32)
-                positions = np.full((self.batch_size, L), -1, np.int32)
-                last = np.zeros(self.batch_size, np.int32)
+                rows_ = self._rows(len(rows))
+                tokens = np.full((rows_, L), self.pad_id, np.int32)
+                positions = np.full((rows_, L), -1, np.int32)
+                last = np.zeros(rows_, np.int32)
                 for j, i in enumerate(rows):
                     tokens[j, :len(prefixes[i])] = prefixes[i]
                     positions[j, :len(prefixes[i])] = np.arange(len(prefixes[i]))

@@ -13,6 +13,7 @@ import pathlib
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from replug_jax.models import gpt2, llama
@@ -39,9 +40,11 @@ from replug_jax.models.weights import (
     write_json_atomic,
 )
 
-__all__ = ["load_retriever", "load_lm", "load_tokenizer", "export_retriever", "RetrieverModel", "LanguageModel",
-           "BertConfig", "BertEncoder", "CausalLM", "DecoderConfig", "WeightsError",
-           "functional", "init_cache", "token_logprobs", "pool", "DEFAULT_LM", "DEFAULT_RETRIEVER"]
+__all__ = [
+    "load_retriever", "load_lm", "load_tokenizer", "export_retriever", "RetrieverModel",
+    "LanguageModel", "BertConfig", "BertEncoder", "CausalLM", "DecoderConfig", "WeightsError",
+    "functional", "init_cache", "token_logprobs", "pool", "DEFAULT_LM", "DEFAULT_RETRIEVER",
+]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -184,8 +187,7 @@ def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
     flat = dict(nnx.to_flat_state(state))
     tensors = {}
     for path, (name, transform) in _bert_name_map(retriever.config).items():
-        arr = jnp.asarray(flat[path][...], jnp.float32)
-        tensors[name] = transform(__import__("numpy").asarray(arr))  # [in,out] -> [out,in]
+        tensors[name] = transform(np.asarray(flat[path][...], np.float32))  # -> HF layout
     save_safetensors_atomic(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     write_json_atomic(retriever.config.to_hf(), tmp / "config.json")
     retriever.tokenizer.save_pretrained(str(tmp))
@@ -195,7 +197,8 @@ def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
                        "pooling_mode_mean_tokens": retriever.pooling == "mean",
                        "pooling_mode_cls_token": retriever.pooling == "cls"},
                       pool_dir / "config.json")
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling",
                 "type": "sentence_transformers.models.Pooling"}]
     if retriever.normalize:

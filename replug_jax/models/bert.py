@@ -91,18 +91,18 @@ class BertLayer(nnx.Module):
         self.output_norm = nnx.LayerNorm(d, epsilon=cfg.layer_norm_eps, **kw)
 
     def __call__(self, x_BLD, mask_BL):
-        b, l, d = x_BLD.shape
+        b, length, d = x_BLD.shape
         h = self.cfg.num_heads
 
         def heads(t):
-            return t.reshape(b, l, h, d // h)
+            return t.reshape(b, length, h, d // h)
 
         q, k, v = heads(self.query(x_BLD)), heads(self.key(x_BLD)), heads(self.value(x_BLD))
         logits_BHLS = jnp.einsum("blhd,bshd->bhls", q, k, preferred_element_type=jnp.float32)
         logits_BHLS = logits_BHLS / jnp.sqrt(jnp.float32(d // h))
         logits_BHLS = jnp.where(mask_BL[:, None, None, :], logits_BHLS, -1e30)
         probs = jax.nn.softmax(logits_BHLS, axis=-1).astype(v.dtype)
-        ctx_BLD = jnp.einsum("bhls,bshd->blhd", probs, v).reshape(b, l, d)
+        ctx_BLD = jnp.einsum("bhls,bshd->blhd", probs, v).reshape(b, length, d)
         x_BLD = self.attn_norm(x_BLD + self.attn_out(ctx_BLD))
         ffn = self.output(_act(self.cfg.hidden_act)(self.intermediate(x_BLD)))
         return self.output_norm(x_BLD + ffn)

@@ -106,10 +106,10 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BLD, q_pos_BL, kv_cache):
         cfg = self.cfg
-        b, l, _ = x_BLD.shape
-        q_BLHD = self.q(x_BLD).reshape(b, l, cfg.num_heads, cfg.head_dim)
-        k_BLKD = self.k(x_BLD).reshape(b, l, cfg.num_kv_heads, cfg.head_dim)
-        v_BLKD = self.v(x_BLD).reshape(b, l, cfg.num_kv_heads, cfg.head_dim)
+        b, length, _ = x_BLD.shape
+        q_BLHD = self.q(x_BLD).reshape(b, length, cfg.num_heads, cfg.head_dim)
+        k_BLKD = self.k(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
+        v_BLKD = self.v(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
         if cfg.position == "rope":
             q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta)
             k_BLKD = rope(k_BLKD, q_pos_BL, cfg.rope_theta)
@@ -124,14 +124,14 @@ class Attention(nnx.Module):
                                                          end, axis=1)
             new_kv = (k_BSKD, v_BSKD)
         groups = cfg.num_heads // cfg.num_kv_heads
-        q_BLKGD = q_BLHD.reshape(b, l, cfg.num_kv_heads, groups, cfg.head_dim)
+        q_BLKGD = q_BLHD.reshape(b, length, cfg.num_kv_heads, groups, cfg.head_dim)
         logits_BKGLS = jnp.einsum("blkgd,bskd->bkgls", q_BLKGD, k_BSKD,
                                   preferred_element_type=jnp.float32)
         logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(cfg.head_dim))
         mask_B11LS = attention_mask(q_pos_BL, k_pos_BS)[:, None, None]
         probs = jax.nn.softmax(jnp.where(mask_B11LS, logits_BKGLS, _MASKED), axis=-1)
         out_BLKGD = jnp.einsum("bkgls,bskd->blkgd", probs.astype(v_BSKD.dtype), v_BSKD)
-        return self.o(out_BLKGD.reshape(b, l, cfg.num_heads * cfg.head_dim)), new_kv
+        return self.o(out_BLKGD.reshape(b, length, cfg.num_heads * cfg.head_dim)), new_kv
 
 
 class MLP(nnx.Module):
@@ -190,7 +190,7 @@ class CausalLM(nnx.Module):
         if self.cfg.position == "learned":
             x_BLD = x_BLD + self.pos_embed(jnp.maximum(positions_BL, 0))
         if cache is not None:
-            l = tokens_BL.shape[1]
+            new_tokens = tokens_BL.shape[1]
             k_pos_BS = jax.lax.dynamic_update_slice_in_dim(
                 cache["pos"], positions_BL.astype(cache["pos"].dtype), cache["end"], axis=1)
         new_k, new_v = [], []
@@ -207,7 +207,7 @@ class CausalLM(nnx.Module):
             logits_BLV = self.lm_head(x_BLD)
         if cache is not None:
             cache = {"k": jnp.stack(new_k), "v": jnp.stack(new_v), "pos": k_pos_BS,
-                     "end": cache["end"] + l}
+                     "end": cache["end"] + new_tokens}
         return logits_BLV.astype(jnp.float32), cache
 
 

@@ -72,7 +72,8 @@ class Retriever:
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids with special tokens, truncated to ``max_length`` (counted, warned)."""
         tok = self.model.tokenizer
-        ids = tok(list(texts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        ids = tok(list(texts), add_special_tokens=True, truncation=False,
+                  verbose=False)["input_ids"]
         out, cut = [], 0
         for seq in ids:
             if len(seq) > self.max_length:
