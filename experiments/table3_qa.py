@@ -65,7 +65,7 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
                 w = dict(zip(s.doc_ids, s.weights))
                 gold_w.append(w.get(i, 0.0))
                 gold_hit.append(i in w)
-            if cfg.generate:
+            if mode in cfg.generate_modes:
                 [g] = pipe.generate([prompts[i]], cfg.max_new_tokens, stop=["\n"],
                                     queries=[questions[i]], mode=mode)
                 pred = first_line(g.text)
@@ -74,7 +74,7 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
         row = {"mean_answer_loglik": float(np.mean(lls)), "lm_calls": int(
             sum(c["lm_calls"] for c in costs)), "input_tokens": int(
             sum(c["input_tokens"] for c in costs))}
-        if cfg.generate:
+        if ems:
             row.update(exact_match=float(np.mean(ems)), f1=float(np.mean(f1s)))
         if gold_w:
             row.update(mean_gold_weight=float(np.mean(gold_w)),

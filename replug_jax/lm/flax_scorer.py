@@ -30,7 +30,7 @@ from replug_jax.lm.scorer import (
 )
 from replug_jax.models import LanguageModel, init_cache, load_lm
 
-LENGTH_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+LENGTH_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
 
 
 @dataclasses.dataclass
@@ -129,9 +129,9 @@ class FlaxLM:
             yield list(range(start, min(n, start + self.batch_size)))
 
     def _rows(self, n: int) -> int:
-        """Rows of a padded batch: the next power of two, capped at ``batch_size`` (a few
-        compiled shapes, and a K=2 call does not pay for 8 rows)."""
-        return min(self.batch_size, 1 << max(n - 1, 0).bit_length())
+        """Rows of a batch: exactly ``n`` (≤ ``batch_size``). Padding rows would cost as much
+        as real ones on a compute-bound device; calls with a fixed K compile once per bucket."""
+        return min(self.batch_size, n)
 
     # -- capabilities --------------------------------------------------------------------------
 
