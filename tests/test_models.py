@@ -298,3 +298,21 @@ def test_packaged_names_resolve():
     assert resolve("minilm").path == minilm and resolve("minilm").kind == "hf_dir"
     assert resolve("smollm2").kind == "gguf"
     assert isinstance(pathlib.Path(resolve("smollm2").path), pathlib.Path)
+
+
+@pytest.mark.torch
+@pytest.mark.models
+def test_gguf_tokenizer_equals_transformers_conversion():
+    torch_or_skip()
+    from transformers import AutoTokenizer
+
+    from replug_jax.models import load_tokenizer
+
+    gguf = packaged_or_skip("smollm2")
+    ours = load_tokenizer("smollm2")
+    ref = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    for text in [FACTUAL, "  spaces\n\nnewlines\ttabs", "12345 3.14 émigré café ☕ 中文",
+                 "<|im_start|>user\nHi<|im_end|>\n", "def f(x):\n    return x**2"]:
+        assert ours(text).input_ids == ref(text).input_ids
+        assert ours.decode(ours(text).input_ids) == text
+    assert (ours.bos_token, ours.eos_token) == (ref.bos_token, ref.eos_token)

@@ -216,13 +216,36 @@ def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
 # -- language models -----------------------------------------------------------------------
 
 def _gguf_tokenizer(path: pathlib.Path):
-    from transformers import AutoTokenizer
+    """The GGUF's own byte-level BPE vocabulary and merges as a ``tokenizers`` tokenizer
+    (no torch needed), wrapped as a transformers fast tokenizer with its chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-    try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as err:
-        raise WeightsError(f"{path}: cannot build a tokenizer from the GGUF vocabulary "
-                           f"({err})") from err
+    meta, _ = read_gguf(path)
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise WeightsError(f"{path}: tokenizer model {meta.get('tokenizer.ggml.model')!r} is "
+                           "not supported (supported: byte-level BPE, 'gpt2')")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
+                     byte_fallback=False)
+    tk = Tokenizer(bpe)
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
+                                                use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    # Token types 3 (control) and 4 (user-defined) are special tokens, never merged.
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(tokens, types) if ty in (3, 4)])
+
+    def tok_id(key):
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return None if i is None else tokens[int(i)]
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token=tok_id("bos"), eos_token=tok_id("eos"),
+        unk_token=tok_id("unknown"), pad_token=tok_id("padding"),
+        chat_template=meta.get("tokenizer.chat_template"))
 
 
 def load_tokenizer(source: str):
