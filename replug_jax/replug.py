@@ -159,6 +159,24 @@ class Replug:
             self.truncated_documents += 1
         return cut
 
+    def _compose(self, doc: str, context: str, budget: int, reserve: int) -> str:
+        """``doc ∘ separator ∘ context`` with ``doc`` cut so the whole fits the LM context.
+
+        Token counts of separately tokenised pieces can differ from the joint tokenisation at
+        the boundaries, so the joint count is checked and the document shortened until it
+        fits (with one token of margin for a BOS token)."""
+        text = self._fit_document(doc, budget)
+        if self.lm.max_context is None:
+            return text + self.separator + context
+        while True:
+            prompt = text + self.separator + context
+            over = self.lm.count_tokens(prompt) + reserve + 1 - self.lm.max_context
+            if over <= 0 or not text:
+                return prompt
+            budget = max(self.lm.count_tokens(text) - over, 0)
+            text = self.lm.truncate(text, budget)
+            self.truncated_documents += 1
+
     def _budget(self, context: str, reserve: int) -> int:
         if self.lm.max_context is None:
             return 1 << 30
@@ -191,8 +209,7 @@ class Replug:
                                   replace=False)
                 ps = [self.index.passages[int(i)] for i in pick]
                 budget = self._budget(c, r)
-                out.append(Branches([self._fit_document(corpus_text(p), budget) + self.separator
-                                     + c for p in ps],
+                out.append(Branches([self._compose(corpus_text(p), c, budget, r) for p in ps],
                                     np.full(len(ps), -np.log(len(ps)), np.float32), ps,
                                     np.full(len(ps), np.nan)))
             return out, 0.0
@@ -212,12 +229,11 @@ class Replug:
                         break
                     docs.append(text)
                     left -= self.lm.count_tokens(text + self.separator)
-                prompt = self.separator.join(docs) + self.separator + c
+                prompt = self._compose(self.separator.join(docs), c, budget, r)
                 out.append(Branches([prompt], np.zeros(1, np.float32), ps[:len(docs)], scores))
                 continue
             log_w = np.asarray(retrieval_log_weights(scores[None], self.temperature))[0]
-            prompts = [self._fit_document(corpus_text(p), budget) + self.separator + c
-                       for p in ps]
+            prompts = [self._compose(corpus_text(p), c, budget, r) for p in ps]
             out.append(Branches(prompts, log_w, ps, scores))
         return out, seconds
 

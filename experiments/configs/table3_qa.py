@@ -25,6 +25,9 @@ CONFIGS = {
                      max_new_tokens=8),
     # What the issue asks for on 2 CPU cores: concatenation is left to the default config.
     "nq100": QAConfig(modes=("none", "replug", "random")),
+    # A 30-question likelihood-only check that fits in a few minutes.
+    "nq30_likelihood": QAConfig(num_questions=30, modes=("none", "replug", "random"),
+                                generate_modes=()),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
 }
