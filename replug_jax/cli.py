@@ -124,25 +124,11 @@ def _make_pipeline(args, mode: str):
                   seed=args.seed)
 
 
-def _read_jsonl(path: pathlib.Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
-    if not rows:
-        raise ValueError(f"{path}: no input lines")
-    return rows
-
-
 def _cmd_score(args) -> int:
     from replug_jax.replug import summarize
+    from replug_jax.train.data import read_jsonl
 
-    rows = _read_jsonl(args.input)
+    rows = read_jsonl(args.input)
     for i, r in enumerate(rows):
         if "context" not in r or "continuation" not in r:
             raise ValueError(f"{args.input}: line {i + 1} needs 'context' and 'continuation'")

@@ -301,7 +301,7 @@ class FlaxLM:
                 for gi in range(g):
                     seq = self._until_eos(all_toks[gi][:max_new_tokens])
                     texts[gi] = self.tokenizer.decode(seq)
-                    hit = _stop_at(texts[gi], stop) is not None
+                    hit = stop_position(texts[gi], stop) is not None
                     if len(seq) < len(all_toks[gi][:max_new_tokens]):
                         stopped[gi] = "eos"
                     elif hit:
@@ -317,7 +317,7 @@ class FlaxLM:
             seq = self._until_eos(all_toks[gi])
             n = len(seq)
             if stopped[gi] == "stop":  # cut the text at the stop string, and the tokens with it
-                cut = _stop_at(texts[gi], stop)
+                cut = stop_position(texts[gi], stop)
                 texts[gi] = texts[gi][:cut]
                 while n > 0 and len(self.tokenizer.decode(seq[:n - 1])) >= cut:
                     n -= 1
@@ -345,5 +345,3 @@ def stop_position(text: str, stop) -> int | None:
     found = [body.find(s) for s in stop if s and s in body]
     return lead + min(found) if found else None
 
-
-_stop_at = stop_position

@@ -26,7 +26,8 @@ class Example:
     gold_doc: int | None = None  # passage id, when known (QA with gold passages)
 
 
-def _jsonl(path: str | pathlib.Path) -> list[dict]:
+def read_jsonl(path: str | pathlib.Path) -> list[dict]:
+    """Objects of a JSONL file (blank lines skipped); bad lines and empty files raise."""
     path = pathlib.Path(path)
     if not path.exists():
         raise ValueError(f"{path}: no such data file")
@@ -46,7 +47,7 @@ def qa_examples(path: str | pathlib.Path, demonstrations: str = "") -> list[Exam
     """``{"id","question","answer","gold_doc"?}`` lines -> examples with x = the question
     (preceded by optional few-shot ``demonstrations`` text) and y = ``" " + answer``."""
     out = []
-    for i, row in enumerate(_jsonl(path)):
+    for i, row in enumerate(read_jsonl(path)):
         if "question" not in row or "answer" not in row:
             raise ValueError(f"{path}: line {i + 1} needs 'question' and 'answer'")
         out.append(Example(str(row.get("id", i)), row["question"],
@@ -62,7 +63,7 @@ def lm_examples(path: str | pathlib.Path, tokenizer, context_tokens: int = 128,
     ``continuation_tokens`` (the paper's 128 + 128). The query is x."""
     out = []
     width = context_tokens + continuation_tokens
-    for i, row in enumerate(_jsonl(path)):
+    for i, row in enumerate(read_jsonl(path)):
         text = str(row.get("text", ""))
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = enc["offset_mapping"]
