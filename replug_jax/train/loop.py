@@ -192,7 +192,7 @@ class LSRTrainer:
         from safetensors.numpy import load_file
 
         flat = load_file(str(self._version_dir(version) / "params.safetensors"))
-        return _unflat(flat, jax.device_get(self.state.params))
+        return _unflat(flat, self.state.params)  # only the nesting is read
 
     def _build_index(self, version: int, params: dict) -> Index:
         out = self._version_dir(version) / "index"
@@ -269,7 +269,7 @@ class LSRTrainer:
         idx = batch_indices(step, cfg.batch_size, len(self.train), cfg.seed)
         examples = [self.train[i] for i in idx]
         queries = self.retriever.encode_queries([e.query for e in examples],
-                                                params=jax.device_get(self.state.params))
+                                                params=self.state.params)  # stays on device
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             hits = self.index.search(queries, cfg.k)
