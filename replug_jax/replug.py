@@ -36,7 +36,7 @@ from replug_jax.core.ensemble import (
 from replug_jax.lm.flax_scorer import stop_position
 from replug_jax.lm.scorer import NEXT_TOKEN, SCORE, TOP_LOGPROBS, CapabilityError, require
 from replug_jax.retrieval.corpus import Passage
-from replug_jax.retrieval.index import corpus_text
+from replug_jax.retrieval.index import corpus_text, per_query_exclusions
 
 MODES = ("replug", "none", "concat", "top1", "random")
 
@@ -67,6 +67,7 @@ class ScoreResult:
     reliance: float | None  # loglik - loglik without retrieval
     settings: dict
     cost: dict
+    branch_logprobs: np.ndarray | None = None  # [K', T] each branch's own log-probs
 
     def to_json(self) -> dict:
         return {"context": self.context, "continuation": self.continuation,
@@ -204,10 +205,13 @@ class Replug:
         if mode == "random":
             rng = np.random.default_rng(self.seed)
             out = []
-            for c, r in zip(contexts, reserves):
-                pick = rng.choice(len(self.index.passages), size=min(k, len(self.index.passages)),
-                                  replace=False)
-                ps = [self.index.passages[int(i)] for i in pick]
+            excluded = per_query_exclusions(exclude_ids, len(contexts))
+            for qi, (c, r) in enumerate(zip(contexts, reserves)):
+                allowed = [p for p in self.index.passages if p.id not in excluded[qi]]
+                if not allowed:
+                    raise ValueError(f"query {qi}: every passage is excluded")
+                pick = rng.choice(len(allowed), size=min(k, len(allowed)), replace=False)
+                ps = [allowed[int(i)] for i in pick]
                 budget = self._budget(c, r)
                 out.append(Branches([self._compose(corpus_text(p), c, budget, r) for p in ps],
                                     np.full(len(ps), -np.log(len(ps)), np.float32), ps,
@@ -283,7 +287,7 @@ class Replug:
                 len(continuations[qi].encode("utf-8")), [p.id for p in g.passages],
                 [p.title for p in g.passages], np.exp(g.log_weights).tolist(), resp_KT,
                 None if plain is None else ll - plain[qi].total if mode != "none" else 0.0,
-                self.settings(mode, k), {}))
+                self.settings(mode, k), {}, lp_KT))
         cost = self._cost(before, retrieval_s, t_wall, len(results))
         for r in results:
             r.cost = cost
@@ -298,11 +302,48 @@ class Replug:
         c["shared_by"] = n  # the cost covers this many results together
         return c
 
+    def next_token(self, contexts: Sequence[str], queries: Sequence[str] | None = None, *,
+                   mode: str | None = None, k: int | None = None, exclude_ids=None
+                   ) -> tuple[np.ndarray, list[Branches], dict]:
+        """The REPLUG next-token distribution ``p(y | x, D') = Σ_d λ(d, x) p(y | d ∘ x)``
+        (§3.2) over the whole vocabulary: ``([B, V] log-probs, branches, cost)``.
+
+        Needs an LM that exposes full next-token distributions (``NEXT_TOKEN``); an API that
+        returns only top-n log-probs cannot give this exactly (see ``generate``)."""
+        require(self.lm, NEXT_TOKEN, "the REPLUG next-token distribution")
+        mode = mode or self.mode
+        k = k or self.k
+        t_wall = time.perf_counter()
+        before = self.lm.cost.snapshot()
+        groups, retrieval_s = self.branches(contexts, queries, mode=mode, k=k,
+                                            exclude_ids=exclude_ids, reserve=1)
+        lp_NV = self.lm.next_token_logprobs([p for g in groups for p in g.prompts])
+        out_BV, pos = [], 0
+        for g in groups:
+            lp_KV = lp_NV[pos:pos + len(g.prompts)]
+            pos += len(g.prompts)
+            out_BV.append(np.asarray(mixture_logprobs(lp_KV[None], g.log_weights[None]))[0])
+        return np.stack(out_BV), groups, self._cost(before, retrieval_s, t_wall, len(groups))
+
     def answer_choice(self, prompt: str, options: Sequence[str], query: str | None = None, *,
                       mode: str | None = None, k: int | None = None,
                       normalize: bool = False) -> dict:
         """Pick the option with the highest ensemble likelihood (mean per token if
-        ``normalize``). Retrieval uses ``query`` (default: the prompt) once for all options."""
+        ``normalize``). Retrieval uses ``query`` (default: the prompt) once for all options.
+
+        When every option is one token after the prompt (MMLU's " A" … " D") and the LM gives
+        full next-token distributions, one mixture over the vocabulary scores all options
+        (one LM pass per branch instead of one per branch and option); the result is the
+        same log-likelihood."""
+        single = self._single_token_options(prompt, options)
+        if single is not None:
+            lp_BV, [g], cost = self.next_token([prompt], [query or prompt], mode=mode, k=k)
+            scores = [float(lp_BV[0, t]) for t in single]
+            best = int(np.argmax(scores))
+            return {"choice": best, "option": options[best], "scores": scores,
+                    "doc_ids": [p.id for p in g.passages],
+                    "weights": np.exp(g.log_weights).tolist(),
+                    "settings": self.settings(mode or self.mode, k or self.k), "cost": cost}
         results = self.score([prompt] * len(options), list(options),
                              [query or prompt] * len(options), mode=mode, k=k, reliance=False)
         scores = [r.loglik / max(r.num_tokens, 1) if normalize else r.loglik for r in results]
@@ -310,6 +351,19 @@ class Replug:
         return {"choice": best, "option": options[best], "scores": scores,
                 "doc_ids": results[0].doc_ids, "weights": results[0].weights,
                 "settings": results[0].settings, "cost": results[0].cost}
+
+    def _single_token_options(self, prompt: str, options: Sequence[str]) -> list[int] | None:
+        """Token ids of ``options`` if each is exactly one token after ``prompt``."""
+        if NEXT_TOKEN not in getattr(self.lm, "capabilities", ()) or not hasattr(
+                self.lm, "split_continuation"):
+            return None
+        ids = []
+        for opt in options:
+            head, tail = self.lm.split_continuation(prompt, opt)
+            if len(tail) != 1 or self.lm.split_continuation(prompt, "")[0] != head:
+                return None
+            ids.append(tail[0])
+        return ids
 
     # -- generation -----------------------------------------------------------------------------
 

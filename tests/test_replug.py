@@ -122,6 +122,31 @@ def test_baselines_share_the_interface(parts):
     assert res["option"] == " Paris."
 
 
+def test_single_token_choices_use_the_next_token_mixture(parts):
+    retriever, index, lm = parts
+    pipe = Replug(lm, retriever, index, k=3)
+    prompt = "Q: Which city is the capital of Germany?\nA. Paris\nB. Berlin\nC. Madrid\nAnswer:"
+    options = [" A", " B", " C"]
+    fast = pipe.answer_choice(prompt, options)
+    assert fast["cost"]["lm_calls"] == 3  # one next-token pass per branch
+    slow = pipe.score([prompt] * 3, options, reliance=False)
+    np.testing.assert_allclose(fast["scores"], [r.loglik for r in slow], atol=1e-4)
+    lp_BV, groups, _ = pipe.next_token([prompt])
+    np.testing.assert_allclose(np.exp(lp_BV).sum(-1), 1.0, atol=1e-4)
+    assert fast["doc_ids"] == [p.id for p in groups[0].passages]
+
+
+def test_random_documents_respect_exclusions(parts):
+    retriever, index, lm = parts
+    pipe = Replug(lm, retriever, index, k=3, seed=0)
+    keep = {1, 4, 6}
+    excluded = [i for i in range(len(DOCS)) if i not in keep]
+    groups, _ = pipe.branches(["x"], mode="random", exclude_ids=[excluded])
+    assert {p.id for p in groups[0].passages} == keep
+    with pytest.raises(ValueError, match="every passage is excluded"):
+        pipe.branches(["x"], mode="random", exclude_ids=[list(range(len(DOCS)))])
+
+
 def test_coordinated_greedy_decoding_is_mixture_argmax(parts):
     retriever, index, lm = parts
     pipe = Replug(lm, retriever, index, k=3)

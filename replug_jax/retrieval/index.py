@@ -82,6 +82,19 @@ def exact_topk(queries_BD, corpus_ND, k: int, block: int = 65536):
     return top_vals, jnp.take_along_axis(idx, pos, axis=1)
 
 
+def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:
+    """``exclude_ids`` as one set per query: ``None``, one collection of ids for every query,
+    or ``num_queries`` collections (one per query)."""
+    if exclude_ids is None:
+        return [set() for _ in range(num_queries)]
+    items = list(exclude_ids)
+    if items and len(items) == num_queries and all(
+            isinstance(e, (set, list, tuple, np.ndarray, frozenset)) for e in items):
+        return [set(int(i) for i in e) for e in items]
+    shared = set(int(i) for i in items)
+    return [shared] * num_queries
+
+
 class Index:
     """FAISS vectors + integer ids + passages + a manifest describing how they were made."""
 
@@ -146,15 +159,7 @@ class Index:
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
         b = q.shape[0]
-        if exclude_ids is None:
-            excl = [set()] * b
-        else:
-            excl_list = list(exclude_ids)
-            if excl_list and all(isinstance(e, (set, list, tuple, np.ndarray, frozenset))
-                                 for e in excl_list) and len(excl_list) == b:
-                excl = [set(int(i) for i in e) for e in excl_list]
-            else:
-                excl = [set(int(i) for i in excl_list)] * b
+        excl = per_query_exclusions(exclude_ids, b)
         fetch = min(len(self), k + max((len(e) for e in excl), default=0))
         scores, ids = self._search_index.search(q, fetch)
         out_ids = np.full((b, k), -1, np.int64)
