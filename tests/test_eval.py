@@ -1,5 +1,7 @@
-"""QA answer normalisation, EM and F1 against hand-computed examples."""
+"""Evaluation harnesses against hand-computed examples: QA normalisation/EM/F1, sliding-window
+bits per byte with the leakage filter, MMLU prompts and accuracy."""
 
+import numpy as np
 import pytest
 
 from replug_jax.eval.qa import exact_match, f1_score, first_line, normalize_answer
@@ -26,3 +28,143 @@ def test_f1_hand_computed():
 
 def test_first_line():
     assert first_line("\n Paris\nQuestion: next") == "Paris"
+
+
+# -- language modelling: sliding windows, leakage filter, bits per byte ----------------------
+
+WIKI = (" = Alpha River = \n \n The Alpha River flows north through the Brel valley . It is "
+        "long and slow , and its delta is a marsh of reeds . \n \n = = Course = = \n The river "
+        "rises in the hills and meets the sea at Port Vane . \n = Beta Town = \n \n Beta Town "
+        "is a market town on the Alpha River . Its bridge dates from the tenth century . \n")
+
+
+def test_split_wikitext_articles():
+    from replug_jax.eval.lm import split_wikitext
+
+    docs = split_wikitext(WIKI)
+    assert [d.title for d in docs] == ["Alpha River", "Beta Town"]
+    assert "= = Course = =" in docs[0].text and "Beta" not in docs[0].text
+
+
+@pytest.fixture(scope="module")
+def tiny_pipe():
+    from replug_jax.eval.lm import split_wikitext
+    from replug_jax.replug import Replug
+    from replug_jax.retrieval.corpus import chunk_documents
+    from replug_jax.retrieval.index import Index
+    from tests._models import tiny_lm, tiny_retriever
+
+    docs = split_wikitext(WIKI)
+    passages = chunk_documents(docs, size=8)
+    retriever = tiny_retriever()
+    index = Index.build(retriever.encode_passages([p.text for p in passages]), passages,
+                        encoder=retriever.identity)
+    return docs, passages, Replug(tiny_lm(), retriever, index, k=2)
+
+
+def test_windows_tile_the_document(tiny_pipe):
+    from replug_jax.eval.lm import WindowSettings, sliding_windows
+
+    docs, _, pipe = tiny_pipe
+    tok = pipe.lm.tokenizer
+    s = WindowSettings(context_tokens=6, stride=5, query_tokens=4, skip_first=3)
+    ws = sliding_windows(docs[0], tok, s)
+    n = len(tok(docs[0].text, add_special_tokens=False)["input_ids"])
+    assert len(ws) == -(-(n - 3) // 5)
+    assert "".join(w.target for w in ws) == docs[0].text[ws[0].target_span[0]:]
+    for w in ws:
+        assert w.context.endswith(w.query)
+        assert len(tok(w.context, add_special_tokens=False)["input_ids"]) <= 6 + 1
+        assert docs[0].text[w.span[0]:w.span[1]] == w.context + w.target
+    capped = sliding_windows(docs[0], tok, WindowSettings(stride=2, skip_first=1,
+                                                          max_windows_per_document=3))
+    assert len(capped) == 3
+    with pytest.raises(ValueError, match="leakage"):
+        WindowSettings(leakage="sometimes")
+
+
+def test_leakage_filter(tiny_pipe):
+    from replug_jax.eval.lm import WindowSettings, leakage_exclusions, sliding_windows
+
+    docs, passages, pipe = tiny_pipe
+    ws = sliding_windows(docs[0], pipe.lm.tokenizer, WindowSettings(8, 6, 8, 4))
+    by_window = leakage_exclusions(ws, passages, "window")
+    for w, excl in zip(ws, by_window):
+        expect = [p.id for p in passages if p.source_id == w.source_id
+                  and p.start < w.span[1] and p.end > w.span[0]]
+        assert excl == expect and excl
+    whole = leakage_exclusions(ws, passages, "document")
+    assert whole[0] == [p.id for p in passages if p.source_id == docs[0].id]
+    assert leakage_exclusions(ws, passages, "none")[0] == []
+
+
+def test_bits_per_byte_against_independent_scoring(tiny_pipe):
+    from replug_jax.eval.lm import WindowSettings, evaluate_lm, leakage_exclusions, sliding_windows
+
+    docs, passages, pipe = tiny_pipe
+    s = WindowSettings(context_tokens=8, stride=6, query_tokens=8, skip_first=4)
+    rep = evaluate_lm(pipe, docs, s, modes=("none", "replug"), batch_size=3, progress=False,
+                      keep_results=True)
+    ws = [w for d in docs for w in sliding_windows(d, pipe.lm.tokenizer, s)]
+    assert rep["windows"] == len(ws)
+    plain = pipe.lm.score_continuations([w.context for w in ws], [w.target for w in ws])
+    ll = sum(float(p.logprobs.astype(np.float64).sum()) for p in plain)
+    nbytes = sum(len(w.target.encode()) for w in ws)
+    assert nbytes == sum(len(d.text[sliding_windows(d, pipe.lm.tokenizer, s)[0].target_span[0]:]
+                             .encode()) for d in docs)
+    none = rep["modes"]["none"]
+    assert none["num_bytes"] == nbytes
+    assert none["bits_per_byte"] == pytest.approx(-ll / (np.log(2) * nbytes), rel=1e-5)
+    assert none["perplexity"] == pytest.approx(np.exp(-ll / none["num_tokens"]), rel=1e-5)
+    excl = leakage_exclusions(ws, passages, "window")
+    for r, e in zip(rep["modes"]["replug"]["results"], excl):
+        assert not set(r.doc_ids) & set(e) and len(r.doc_ids) == 2
+    assert rep["modes"]["replug"]["cost"]["lm_calls"] == 2 * len(ws)
+
+
+# -- MMLU ------------------------------------------------------------------------------------
+
+def test_mmlu_reading_prompt_and_accuracy(tmp_path):
+    from replug_jax.eval.mmlu import Question, accuracy_table, load_mmlu, prompt
+
+    for split in ("dev", "test"):
+        (tmp_path / split).mkdir()
+    (tmp_path / "dev" / "astronomy_dev.csv").write_text('"Sun, a star?",yes,no,maybe,never,A\n')
+    (tmp_path / "test" / "astronomy_test.csv").write_text("What orbits Earth?,Moon,Mars,Sun,"
+                                                           "Venus,A\n")
+    dev, test = load_mmlu(tmp_path, "dev", ["astronomy"]), load_mmlu(tmp_path, "test",
+                                                                     ["astronomy"])
+    assert dev["astronomy"][0].question == "Sun, a star?"
+    text = prompt(test["astronomy"][0], dev["astronomy"])
+    assert text == ("The following are multiple choice questions (with answers) about "
+                    "astronomy.\n\nSun, a star?\nA. yes\nB. no\nC. maybe\nD. never\nAnswer: A"
+                    "\n\nWhat orbits Earth?\nA. Moon\nB. Mars\nC. Sun\nD. Venus\nAnswer:")
+    assert isinstance(test["astronomy"][0], Question) and test["astronomy"][0].answer == 0
+    (tmp_path / "test" / "anatomy_test.csv").write_text("q,a,b,c,E\n")
+    with pytest.raises(ValueError, match="anatomy_test.csv:1"):
+        load_mmlu(tmp_path, "test", ["anatomy"])
+    with pytest.raises(ValueError, match="unknown MMLU subjects"):
+        load_mmlu(tmp_path, "test", ["astrology"])
+    # STEM: astronomy 1/2, college_physics 1/1 -> micro 2/3, macro 0.75; other: anatomy 0/1.
+    table = accuracy_table({"astronomy": [True, False], "college_physics": [True],
+                            "anatomy": [False]})
+    assert table["categories"]["STEM"]["micro"] == pytest.approx(2 / 3)
+    assert table["categories"]["STEM"]["macro"] == pytest.approx(0.75)
+    assert table["categories"]["other"]["micro"] == 0.0
+    assert table["overall"]["micro"] == pytest.approx(0.5)
+    assert table["overall"]["macro"] == pytest.approx((0.5 + 1 + 0) / 3)
+
+
+def test_mmlu_choice_is_the_likeliest_letter(tiny_pipe):
+    from replug_jax.eval.mmlu import LETTERS, Question, evaluate_mmlu, prompt
+
+    _, _, pipe = tiny_pipe
+    qs = [Question("astronomy", f"Which river number {i}?", ("a", "b", "c", "d"), i % 4)
+          for i in range(3)]
+    out = evaluate_mmlu(pipe, {"astronomy": qs}, {"astronomy": qs[:1]}, modes=("none",),
+                        shots=1, progress=False)
+    lp = pipe.lm.next_token_logprobs([prompt(q, qs[:1]) for q in qs])
+    letter_ids = [pipe.lm.encode(" " + x)[0] for x in LETTERS]
+    expect = [int(np.argmax(lp[i, letter_ids])) == q.answer for i, q in enumerate(qs)]
+    assert out["none"]["overall"]["micro"] == pytest.approx(np.mean(expect))
+    assert out["none"]["lm_calls"] == 3
