@@ -11,19 +11,28 @@ the evaluated set. Usage: ``python -m experiments.table3_qa [--config tiny] [--s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 
 import numpy as np
 
-from experiments.common import Stopwatch, pick_config, provenance, require_data, write_results
+from experiments.common import (
+    Stopwatch,
+    add_standard_args,
+    load_lm,
+    load_retriever,
+    pick_config,
+    provenance,
+    require_data,
+    save_figure,
+    write_results,
+)
 from experiments.configs.table3_qa import CONFIGS
 from replug_jax.eval.qa import exact_match, f1_score, first_line
-from replug_jax.lm.flax_scorer import FlaxLM
 from replug_jax.prompts import qa_prompt
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage
-from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval.index import Index
 
 
@@ -40,23 +49,33 @@ def load_nq():
     return passages, questions, answers
 
 
+def select_questions(cfg, questions: list[str]) -> list[int]:
+    """The evaluated questions: the first ``num_questions``, or those of ``question_file``
+    (minus the few-shot demonstrations, which are the last ``shots`` questions)."""
+    if cfg.question_file:
+        demo_ids = set(range(len(questions) - cfg.shots, len(questions)))
+        return [i for i in load_question_file(cfg.question_file, questions)
+                if i not in demo_ids][:cfg.num_questions]
+    return list(range(min(cfg.num_questions, len(questions) - cfg.shots)))
+
+
 def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label: str,
              progress: bool = True) -> dict:
     from tqdm.auto import tqdm
 
-    retriever = Retriever.load(retriever_source)
+    retriever = load_retriever(retriever_source)
     index = Index.build(retriever.encode_passages([p.text for p in passages]), passages,
                         encoder=retriever.identity)
     pipe = Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
-    n = cfg.num_questions
+    selected = select_questions(cfg, questions)
     demos = [(questions[-1 - j], answers[-1 - j][0]) for j in range(cfg.shots)]
-    prompts = [qa_prompt(q, demonstrations=demos, chat=False) for q in questions[:n]]
+    prompts = {i: qa_prompt(questions[i], demonstrations=demos, chat=False) for i in selected}
     out = {}
     for mode in cfg.modes:
         if label != "replug" and mode != "replug":
             continue  # the LSR retriever only changes the REPLUG row
         lls, ems, f1s, gold_w, gold_hit, costs = [], [], [], [], [], []
-        for i in tqdm(range(n), desc=f"{label}:{mode}", disable=not progress):
+        for i in tqdm(selected, desc=f"{label}:{mode}", disable=not progress):
             [s] = pipe.score([prompts[i]], [" " + answers[i][0]], [questions[i]], mode=mode,
                              reliance=False)
             lls.append(s.loglik)
@@ -83,49 +102,72 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
     return out
 
 
+DIFFERENCES = (
+    "The paper retrieves from a December 2018 Wikipedia dump with Contriever and prompts Codex "
+    "16-shot, evaluating EM on the NQ test set. Here the corpus is the 624 gold passages of "
+    "`nq_gold_passages` (so the gold passage is always retrievable and the distractors are "
+    "other questions' passages), the retriever is all-MiniLM-L6-v2, the LM is SmolLM2-135M "
+    "(GGUF, float32), prompts are 4-shot, and the headline figure is the mean log-likelihood of "
+    "the gold answer because a 135M model's exact match is near zero in every setting.")
+
+
+def load_question_file(path: str, all_questions: list[str]) -> list[int]:
+    """Indices (into the 624 NQ questions) of the questions listed in a JSONL file with a
+    ``gold_doc`` field, as written by ``experiments/prepare_nq.py`` (e.g. its dev split)."""
+    from replug_jax.train.data import read_jsonl
+
+    rows = read_jsonl(path)
+    out = []
+    for row in rows:
+        i = int(row["gold_doc"])
+        if not 0 <= i < len(all_questions) or all_questions[i] != row["question"]:
+            raise SystemExit(f"{path}: question {row.get('id')} does not match nq_gold_passages")
+        out.append(i)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="default", help=f"one of {sorted(CONFIGS)}")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="override config fields, e.g. --set k=10 num_questions=50")
-    ap.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_standard_args(ap, CONFIGS)
     args = ap.parse_args(argv)
     cfg = pick_config(CONFIGS, args.config, args.set)
     passages, questions, answers = load_nq()
-    lm = FlaxLM.load(cfg.lm, max_context=cfg.max_context)
+    lm = load_lm(cfg.lm, cfg.max_context)
     with Stopwatch() as sw:
         rows = evaluate(cfg, cfg.retriever, passages, questions, answers, lm, "replug",
                         not args.no_progress)
         if cfg.lsr_retriever:
             rows.update(evaluate(cfg, cfg.lsr_retriever, passages, questions, answers, lm,
                                  "lsr", not args.no_progress))
-    payload = {"config": cfg.__dict__, "results": rows, "seconds": sw.seconds,
-               "provenance": provenance(),
+    n = len(select_questions(cfg, questions))
+    payload = {"config": dataclasses.asdict(cfg), "results": rows, "seconds": sw.seconds,
+               "provenance": provenance(), "questions": n,
                "setting": "NQ questions with the 624 gold passages as the retrieval corpus; "
                           f"{cfg.shots}-shot plain prompts; query = question"}
     table = [(mode, f"{r['mean_answer_loglik']:.3f}", f"{r.get('exact_match', float('nan')):.3f}",
               f"{r.get('f1', float('nan')):.3f}", f"{r.get('mean_gold_weight', float('nan')):.3f}",
-              r["lm_calls"]) for mode, r in rows.items()]
+              f"{r.get('gold_recall_at_k', float('nan')):.3f}", r["lm_calls"])
+             for mode, r in rows.items()]
     out = write_results("table3_qa", args.config, payload, table,
-                        ("mode", "mean gold-answer loglik", "EM", "F1", "gold λ", "LM rows"),
-                        notes=f"{cfg.num_questions} questions, k={cfg.k}, {cfg.shots}-shot, "
-                              f"LM {cfg.lm}, retriever {cfg.retriever}; {sw.seconds:.0f} s.")
-    try:
-        import matplotlib
+                        ("mode", "mean gold-answer loglik", "EM", "F1", "gold λ",
+                         "gold in top-k", "LM rows"),
+                        notes=f"{n} questions, k={cfg.k}, {cfg.shots}-shot, LM {cfg.lm}, "
+                              f"retriever {cfg.retriever}"
+                              + (f", LSR retriever {cfg.lsr_retriever}" if cfg.lsr_retriever
+                                 else "") + f"; {sw.seconds:.0f} s.",
+                        root=args.out, differences=DIFFERENCES)
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(5, 3))
-        modes = list(rows)
-        ax.bar(modes, [rows[m]["mean_answer_loglik"] for m in modes], color="tab:blue")
-        ax.set_ylabel("mean gold-answer log-likelihood")
-        ax.set_title(f"NQ, {cfg.num_questions} questions, k={cfg.k}")
-        fig.tight_layout()
-        fig.savefig(out / f"{args.config}.png", dpi=120)
-    except ImportError:
-        pass
+    fig, ax = plt.subplots(figsize=(5, 3))
+    modes = list(rows)
+    ax.bar(modes, [rows[m]["mean_answer_loglik"] for m in modes], color="tab:blue")
+    ax.set_ylabel("mean gold-answer log-likelihood")
+    ax.set_title(f"NQ, {n} questions, k={cfg.k}")
+    save_figure(fig, out / f"{args.config}.png")
 
 
 if __name__ == "__main__":

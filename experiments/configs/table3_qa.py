@@ -8,7 +8,8 @@ class QAConfig:
     retriever: str = "minilm"  # paper: Contriever
     lm: str = "smollm2"  # paper: Codex / GPT-3
     lsr_retriever: str | None = None  # a trained retriever folder (REPLUG LSR row)
-    num_questions: int = 100
+    num_questions: int = 100  # the first N (or the first N of question_file)
+    question_file: str = ""  # JSONL with gold_doc, e.g. experiments/data/nq/dev.jsonl
     shots: int = 4  # paper: 16-shot for NQ
     k: int = 5
     temperature: float = 1.0
@@ -28,6 +29,10 @@ CONFIGS = {
     # A 30-question likelihood-only check that fits in a few minutes.
     "nq30_likelihood": QAConfig(num_questions=30, modes=("none", "replug", "random"),
                                 generate_modes=()),
+    # REPLUG vs REPLUG LSR on the LSR dev split (the trained retriever from lsr_nq).
+    "lsr_dev": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=125,
+                        modes=("none", "replug"), generate_modes=("none", "replug"),
+                        lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
 }

@@ -29,6 +29,7 @@ import warnings
 import jax
 import numpy as np
 
+from replug_jax.models.weights import write_json_atomic
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval.index import Index, corpus_text
@@ -314,6 +315,11 @@ class LSRTrainer:
             self.index_version = 0
             self._snapshot(0)
             self.index = self._build_index(0, jax.device_get(self.state.params))
+        if self.dev and "initial" not in self._dev_metrics():
+            # The untrained retriever on dev, once per work directory (the model card's baseline).
+            write_json_atomic({"initial": self.evaluate(self.dev)} if start == 0 else
+                              {"initial": None, "note": "resumed before a baseline was taken"},
+                              self.workdir / "dev_metrics.json")
         else:
             self.index_version = meta["index_version"]
             self.index = Index.load(self._version_dir(self.index_version) / "index")
@@ -367,7 +373,15 @@ class LSRTrainer:
                   "lm_cache_misses": self.cache.misses}
         if self.dev and end == cfg.total_steps:
             result["dev"] = self.evaluate(self.dev)
+            dev = self._dev_metrics()
+            dev.update(final=result["dev"], final_step=end)
+            write_json_atomic(dev, self.workdir / "dev_metrics.json")
+            result["dev_initial"] = dev.get("initial")
         return result
+
+    def _dev_metrics(self) -> dict:
+        path = self.workdir / "dev_metrics.json"
+        return json.loads(path.read_text()) if path.exists() else {}
 
     def evaluate(self, examples: list[Example], k: int | None = None) -> dict:
         """Recall@1/5/k of gold passages (when known) and P_R–Q agreement on ``examples``,

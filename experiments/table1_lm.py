@@ -1,0 +1,121 @@
+"""Table 1 at laptop scale: bits per UTF-8 byte of the LM alone, + REPLUG, + REPLUG LSR, + the
+random-document ensemble, + concatenation of the k documents.
+
+Setting: WikiText-2 test articles evaluated with sliding windows (``replug_jax.eval.lm``); the
+retrieval corpus is 128-token passages of WikiText-2 test itself, and the leakage filter
+removes, per window, the passages that overlap the text the window reads. Usage:
+``python -m experiments.table1_lm [--config tiny] [--set k=5 num_documents=8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from experiments.common import (
+    Stopwatch,
+    add_standard_args,
+    load_lm,
+    load_retriever,
+    pick_config,
+    provenance,
+    require_data,
+    save_figure,
+    write_results,
+)
+from experiments.configs.table1_lm import CONFIGS
+from replug_jax.eval.lm import WindowSettings, evaluate_lm, split_wikitext
+from replug_jax.replug import Replug
+from replug_jax.retrieval.corpus import chunk_documents
+from replug_jax.retrieval.index import Index
+
+DIFFERENCES = (
+    "The paper evaluates on the Pile with a 367M-document Pile training corpus, Contriever and "
+    "GPT-2/GPT-3/OPT/BLOOM, top-10 documents. Here: the first articles of WikiText-2 test, a "
+    "retrieval corpus of 128-token passages of WikiText-2 test itself (no disjoint training "
+    "corpus is available offline) with the leakage filter excluding every passage that overlaps "
+    "the window being read, all-MiniLM-L6-v2 as retriever and SmolLM2-135M as LM. The corpus "
+    "therefore holds the other parts of the same articles and other articles, not a web-scale "
+    "corpus, and a few windows per article are evaluated.")
+
+
+def wikitext_setup(cfg, lm, progress: bool = True):
+    """(evaluated documents, corpus passages, window settings) for a config."""
+    raw = (require_data("wikitext2") / "wiki.test.raw").read_text(encoding="utf-8")
+    docs = split_wikitext(raw)
+    corpus_docs = docs[:cfg.corpus_documents] if cfg.corpus_documents else docs
+    if cfg.num_documents > len(corpus_docs):
+        corpus_docs = docs[:max(cfg.num_documents, len(corpus_docs))]
+    passages = chunk_documents(corpus_docs, size=cfg.passage_tokens, unit="tokens",
+                               tokenizer=lm.tokenizer)
+    settings = WindowSettings(cfg.context_tokens, cfg.stride, cfg.query_tokens, cfg.skip_first,
+                              cfg.leakage, cfg.max_windows_per_document or None)
+    return docs[:cfg.num_documents], passages, settings
+
+
+def build_pipe(cfg, retriever_source: str, lm, passages) -> Replug:
+    retriever = load_retriever(retriever_source)
+    index = Index.build(retriever.encode_passages([p.text for p in passages]), passages,
+                        encoder=retriever.identity)
+    return Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_standard_args(ap, CONFIGS)
+    args = ap.parse_args(argv)
+    cfg = pick_config(CONFIGS, args.config, args.set)
+    lm = load_lm(cfg.lm, cfg.max_context)
+    with Stopwatch() as sw:
+        docs, passages, settings = wikitext_setup(cfg, lm)
+        pipe = build_pipe(cfg, cfg.retriever, lm, passages)
+        report = evaluate_lm(pipe, docs, settings, modes=cfg.modes, batch_size=cfg.batch_size,
+                             progress=not args.no_progress)
+        rows = dict(report["modes"])
+        if cfg.lsr_retriever:
+            lsr = build_pipe(cfg, cfg.lsr_retriever, lm, passages)
+            rows["replug_lsr"] = evaluate_lm(lsr, docs, settings, modes=("replug",),
+                                             batch_size=cfg.batch_size,
+                                             progress=not args.no_progress)["modes"]["replug"]
+    base = rows["none"]["bits_per_byte"] if "none" in rows else None
+    table = []
+    for mode, r in rows.items():
+        change = (f"{100 * (r['bits_per_byte'] - base) / base:+.1f} %"
+                  if base is not None else "")
+        table.append((mode, f"{r['bits_per_byte']:.4f}", change, f"{r['perplexity']:.2f}",
+                      r["num_tokens"], r["num_bytes"], int(r["cost"].get("lm_calls", 0))))
+    payload = {"config": dataclasses.asdict(cfg), "seconds": sw.seconds,
+               "windows": report["windows"], "documents": [d.title for d in docs],
+               "corpus_passages": len(passages),
+               "mean_excluded_passages": report["mean_excluded_passages"],
+               "window_settings": report["settings"], "results": rows,
+               "provenance": provenance()}
+    out = write_results(
+        "table1_lm", args.config, payload, table,
+        ("mode", "bits per byte", "vs LM alone", "perplexity", "tokens", "bytes", "LM rows"),
+        notes=(f"{report['windows']} windows of {cfg.stride} tokens from {len(docs)} WikiText-2 "
+               f"test articles; context {cfg.context_tokens}, query {cfg.query_tokens} tokens, "
+               f"first {cfg.skip_first} tokens of each article context only; leakage filter "
+               f"'{cfg.leakage}' (mean {report['mean_excluded_passages']:.1f} passages excluded "
+               f"per window); corpus {len(passages)} passages of {cfg.passage_tokens} tokens; "
+               f"k={cfg.k}, τ={cfg.temperature}; LM {cfg.lm}, retriever {cfg.retriever}; "
+               f"{sw.seconds:.0f} s."),
+        root=args.out, differences=DIFFERENCES)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3))
+    names = list(rows)
+    ax.barh(names, [rows[m]["bits_per_byte"] for m in names], color="tab:blue")
+    ax.set_xlabel("bits per UTF-8 byte (lower is better)")
+    ax.set_xlim(min(rows[m]["bits_per_byte"] for m in names) * 0.95,
+                max(rows[m]["bits_per_byte"] for m in names) * 1.02)
+    ax.set_title(f"WikiText-2 test, {report['windows']} windows, k={cfg.k}")
+    save_figure(fig, out / f"{args.config}.png")
+
+
+if __name__ == "__main__":
+    main()

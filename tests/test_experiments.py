@@ -1,0 +1,149 @@
+"""Every experiment script end to end on its ``tiny`` config, with the packaged models.
+
+The evaluation data of ``../shared/data`` is not part of the project, so the scripts read a small
+folder in the same layout written here (our own sentences, questions and articles). Results go
+to a temporary folder; the test checks the files and that the numbers are well-formed."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from tests._models import packaged_or_skip
+
+pytestmark = pytest.mark.models
+
+FACTS = [
+    ("Quenwick", "The Zorblat river flows through the small town of Quenwick in the north.",
+     "Which town does the Zorblat river flow through?"),
+    ("Ardel Pim", "The lighthouse of Vorn was designed by the engineer Ardel Pim in 1851.",
+     "Who designed the lighthouse of Vorn?"),
+    ("copper", "The bells of Tessamor are cast from copper mined in the eastern hills.",
+     "What are the bells of Tessamor cast from?"),
+    ("1902", "The Halvard bridge opened to traffic in 1902 after six years of work.",
+     "When did the Halvard bridge open?"),
+    ("Mirela Dusk", "The novel Glass Harbour was written by Mirela Dusk.",
+     "Who wrote the novel Glass Harbour?"),
+    ("seven", "The island of Ostry has seven villages and one harbour.",
+     "How many villages does the island of Ostry have?"),
+    ("Lake Senn", "The Orvel trout lives only in Lake Senn.",
+     "Where does the Orvel trout live?"),
+    ("blue", "The flag of Calder Province is blue with a white star.",
+     "What colour is the flag of Calder Province?"),
+    ("Tobin Vale", "The first mayor of Brightwater was Tobin Vale.",
+     "Who was the first mayor of Brightwater?"),
+    ("salt", "Merrow Bay was famous for its salt works in the eighteenth century.",
+     "What was Merrow Bay famous for?"),
+    ("Pellis", "The capital of the fictional kingdom of Aranor is Pellis.",
+     "What is the capital of Aranor?"),
+    ("wool", "The main export of the Dunmore valley is wool.",
+     "What is the main export of the Dunmore valley?"),
+]
+
+ARTICLE = ("{name} is a river in the north of the country . It rises in the hills above the "
+           "town of {town} and flows for about forty miles to the sea . The river was used for "
+           "trade in the middle ages , and mills were built along its banks to grind corn and "
+           "to full cloth . In the nineteenth century a canal joined it to the larger river to "
+           "the south , and barges carried coal and stone from the quarries . Today the valley "
+           "is known for its walking paths , its old stone bridges and the birds that nest in "
+           "the reeds near the mouth of the river . The town of {town} holds a fair each summer "
+           "on the green beside the water , and boats may be hired there . ")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    packaged_or_skip("minilm")
+    packaged_or_skip("smollm2")
+    root = tmp_path_factory.mktemp("shared_data")
+    nq = root / "nq_gold_passages"
+    nq.mkdir()
+    with open(nq / "nq_openbook.jsonl", "w") as fo, open(nq / "nq_closedbook.jsonl", "w") as fc:
+        for answer, passage, question in FACTS:
+            row = {"answer": answer, "aliases": [answer]}
+            fo.write(json.dumps({**row, "query": f"Context: {passage}\n\nQuestion: {question}"
+                                                 "\nAnswer:"}) + "\n")
+            fc.write(json.dumps({**row, "query": f"Question: {question}\nAnswer:"}) + "\n")
+    wiki = root / "wikitext2"
+    wiki.mkdir()
+    text = "".join(f" = {name} = \n \n {ARTICLE.format(name=name, town=town)}\n"
+                   for name, town in (("Alder River", "Quenwick"), ("Bram Water", "Ostry"),
+                                      ("Carrow Beck", "Vorn")))
+    (wiki / "wiki.test.raw").write_text(text)
+    for split in ("dev", "test"):
+        (root / "mmlu" / split).mkdir(parents=True)
+    (root / "mmlu" / "dev" / "astronomy_dev.csv").write_text(
+        "What is the closest star to Earth?,The Sun,Sirius,Vega,Polaris,A\n")
+    (root / "mmlu" / "test" / "astronomy_test.csv").write_text(
+        "Which planet is known as the red planet?,Venus,Mars,Jupiter,Saturn,B\n"
+        '"Which body orbits the Earth, once a month?",Mars,The Sun,The Moon,Io,C\n')
+    return root
+
+
+@pytest.fixture()
+def data(shared, monkeypatch):
+    import experiments.common as common
+
+    monkeypatch.setattr(common, "SHARED_DATA", shared)
+    return shared
+
+
+def _result(out: pathlib.Path, name: str) -> dict:
+    folder = out / name
+    for suffix in (".json", ".md", ".png"):
+        assert (folder / f"tiny{suffix}").stat().st_size > 0
+    readme = (folder / "README.md").read_text()
+    assert "command" in readme and "differs from the paper" in readme
+    return json.loads((folder / "tiny.json").read_text())
+
+
+def test_table3_qa_tiny(data, tmp_path):
+    from experiments import table3_qa
+
+    table3_qa.main(["--config", "tiny", "--out", str(tmp_path), "--no-progress"])
+    res = _result(tmp_path, "table3_qa")["results"]
+    assert set(res) == {"none", "replug", "random"}
+    # Invented facts: only the retrieved passage can teach them.
+    assert res["replug"]["mean_answer_loglik"] > res["none"]["mean_answer_loglik"]
+    assert 0 <= res["replug"]["exact_match"] <= 1 and res["replug"]["gold_recall_at_k"] > 0.5
+
+
+def test_table1_and_figure4_tiny(data, tmp_path):
+    from experiments import figure4_num_docs, table1_lm
+
+    table1_lm.main(["--config", "tiny", "--out", str(tmp_path), "--no-progress"])
+    res = _result(tmp_path, "table1_lm")
+    assert res["windows"] == 2 and res["mean_excluded_passages"] >= 1
+    for mode in ("none", "replug", "random", "concat"):
+        r = res["results"][mode]
+        assert np.isfinite(r["bits_per_byte"]) and r["bits_per_byte"] > 0
+        assert r["num_bytes"] == res["results"]["none"]["num_bytes"]
+    figure4_num_docs.main(["--config", "tiny", "--out", str(tmp_path), "--no-progress"])
+    fig = _result(tmp_path, "figure4_num_docs")
+    assert set(fig["perplexity"]["replug"]) == {"1", "2"}
+    assert all(np.isfinite(v) for v in fig["perplexity"]["random"].values())
+
+
+def test_table2_mmlu_tiny(data, tmp_path):
+    from experiments import table2_mmlu
+
+    table2_mmlu.main(["--config", "tiny", "--out", str(tmp_path), "--no-progress"])
+    res = _result(tmp_path, "table2_mmlu")["results"]
+    for mode in ("none", "replug"):
+        assert res[mode]["overall"]["questions"] == 2
+        assert res[mode]["categories"]["STEM"]["micro"] in (0.0, 0.5, 1.0)
+
+
+def test_temperature_sweep_tiny(data, tmp_path):
+    from experiments import prepare_nq, temperature_sweep
+
+    prepare_nq.main(["--out", str(tmp_path / "nq")])
+    temperature_sweep.main(["--config", "tiny", "--out", str(tmp_path), "--no-progress",
+                            "--set", f"workdir={tmp_path / 'runs'}",
+                            f"data_dir={tmp_path / 'nq'}", "train_examples=8",
+                            "dev_examples=2"])
+    runs = _result(tmp_path, "temperature_sweep")["runs"]
+    assert [(r["gamma"], r["beta"]) for r in runs] == [(0.1, 0.1), (1.0, 0.1)]
+    assert all(np.isfinite(r["loss_last"]) for r in runs)
+    # The second run reuses the first run's LM scores: the LM is frozen.
+    assert runs[1]["lm_cache_misses"] < runs[0]["lm_cache_misses"]
