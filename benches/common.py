@@ -11,7 +11,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+# REPLUG_BENCH_OUT redirects results (the device check writes them under its own folder).
+RESULTS = pathlib.Path(os.environ.get("REPLUG_BENCH_OUT",
+                                     pathlib.Path(__file__).resolve().parent / "results"))
 
 
 def best_time(fn, repeats: int = 3, warmup: int = 1) -> float:

@@ -1,0 +1,118 @@
+"""REPLUG LSR training-step speed: our jitted step against the same step in PyTorch (eager),
+measured in one run on the same machine, plus the fraction of the matmul peak.
+
+The step: encode B queries and their B·K documents with the packaged MiniLM retriever, cosine
+scores, the LSR loss KL(P_R ‖ Q) against fixed LM scores (γ = β = 0.1), backward, Adam update.
+The PyTorch step is ``transformers.BertModel`` + mean pooling + the same loss in ``torch``.
+Usage: ``python -m benches.bench_lsr [--quick] [--batch 64 --k 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from benches.common import best_time, matmul_peak_flops, write
+from replug_jax.train.config import LSRConfig
+from replug_jax.train.lsr import init_state, make_optimizer, make_train_step, split_params
+
+
+def bert_train_flops(cfg, tokens: int) -> float:
+    """≈ 6 × parameters-in-matmuls × tokens + attention, forward and backward."""
+    h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    per_token = layers * (4 * h * h + 2 * h * inter)
+    return 6.0 * per_token * tokens
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=64, help="questions per step (paper: 64)")
+    ap.add_argument("--k", type=int, default=20, help="documents per question (paper: 20)")
+    ap.add_argument("--query-len", type=int, default=32, help="query tokens")
+    ap.add_argument("--doc-len", type=int, default=128, help="document tokens (paper: 128)")
+    ap.add_argument("--quick", action="store_true", help="batch 8, k 4: a smoke run")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.batch, args.k = 8, 4
+    from replug_jax.retrieval.encoder import Retriever
+
+    retriever = Retriever.load("minilm")
+    cfg = LSRConfig(retriever="minilm", k=args.k, batch_size=args.batch, total_steps=1000)
+    graphdef, template, params = split_params(retriever.model.encoder)
+    tx = make_optimizer(cfg)
+    step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling)
+    rng = np.random.default_rng(0)
+    b, k, lq, ld = args.batch, args.k, args.query_len, args.doc_len
+    vocab = retriever.model.config.vocab_size
+    batch = {"query_ids": rng.integers(1000, vocab, (b, lq)).astype(np.int32),
+             "query_mask": np.ones((b, lq), np.int32),
+             "doc_ids": rng.integers(1000, vocab, (b, k, ld)).astype(np.int32),
+             "doc_mask": np.ones((b, k, ld), np.int32),
+             "doc_valid": np.ones((b, k), bool),
+             "lm_scores": rng.normal(-2.0, 0.5, (b, k)).astype(np.float32)}
+    state = {"s": init_state(params, tx)}
+
+    def ours():
+        state["s"], metrics = step(state["s"], batch)
+        metrics["loss"].block_until_ready()
+
+    t_ours = best_time(ours, repeats=3)
+    tokens = b * lq + b * k * ld
+    flops = bert_train_flops(retriever.model.config, tokens)
+    peak = matmul_peak_flops()
+    out = {"batch": b, "k": k, "query_len": lq, "doc_len": ld, "ours_step_s": t_ours,
+           "ours_steps_per_s": 1 / t_ours, "model_flops_per_step": flops,
+           "fraction_of_matmul_peak": flops / t_ours / peak, "matmul_peak_flops": peak}
+    rows = [("ours (JAX, jitted)", f"{1 / t_ours:.3f}", f"{t_ours:.2f}",
+             f"{100 * flops / t_ours / peak:.0f} %")]
+    if not args.no_torch:
+        t_ref = torch_step_time(retriever, batch, cfg)
+        out.update(torch_step_s=t_ref, speedup_vs_torch=t_ref / t_ours)
+        rows.append(("PyTorch eager (same step)", f"{1 / t_ref:.3f}", f"{t_ref:.2f}",
+                     f"{100 * flops / t_ref / peak:.0f} %"))
+        rows.append(("ratio ours / PyTorch (steps/s)", f"{t_ref / t_ours:.2f}x", "", ""))
+    write("lsr_step", out, rows, ("LSR train step", "steps/s", "s/step", "of matmul peak"))
+
+
+def torch_step_time(retriever, batch, cfg) -> float:
+    import torch
+    from transformers import BertModel
+
+    from replug_jax.models.weights import packaged_path
+
+    torch.manual_seed(0)
+    model = BertModel.from_pretrained(str(packaged_path("minilm"))).train()
+    model.config.hidden_dropout_prob = 0.0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+    t = {key: torch.from_numpy(np.asarray(v)) for key, v in batch.items()}
+    b, k, ld = t["doc_ids"].shape
+
+    def encode(ids, mask):
+        hidden = model(input_ids=ids.long(), attention_mask=mask.long()).last_hidden_state
+        m = mask.unsqueeze(-1).float()
+        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+    def step():
+        q = encode(t["query_ids"], t["query_mask"])
+        d = encode(t["doc_ids"].reshape(b * k, ld), t["doc_mask"].reshape(b * k, ld))
+        s = torch.einsum("bd,bkd->bk", q, d.reshape(b, k, -1))
+        log_p = torch.log_softmax(s / cfg.gamma, -1)
+        log_q = torch.log_softmax(t["lm_scores"] / cfg.beta, -1)
+        loss = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+
+    return best_time(step, repeats=3)
+
+
+if __name__ == "__main__":
+    main()
