@@ -4,7 +4,12 @@ measured in one run on the same machine, plus the fraction of the matmul peak.
 The step: encode B queries and their B·K documents with the packaged MiniLM retriever, cosine
 scores, the LSR loss KL(P_R ‖ Q) against fixed LM scores (γ = β = 0.1), backward, Adam update.
 The PyTorch step is ``transformers.BertModel`` + mean pooling + the same loss in ``torch``.
-Usage: ``python -m benches.bench_lsr [--quick] [--batch 64 --k 20]``.
+
+With ``--loop-data DIR`` (train/dev/corpus JSONL as written by ``experiments/prepare_nq.py``)
+it also runs the training loop for three epochs over the first ``--loop-examples`` questions
+with the background index refresh, and reports the fraction of step time spent waiting on the
+refresh and the LM-score cache hit rate per epoch.
+Usage: ``python -m benches.bench_lsr [--quick] [--batch 64 --k 20] [--loop-data DIR]``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ def main(argv=None):
     ap.add_argument("--doc-len", type=int, default=128, help="document tokens (paper: 128)")
     ap.add_argument("--quick", action="store_true", help="batch 8, k 4: a smoke run")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    ap.add_argument("--loop-data", default=None, help="NQ folder for the 3-epoch loop run")
+    ap.add_argument("--loop-examples", type=int, default=32, help="questions per epoch")
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.k = 8, 4
@@ -74,7 +81,51 @@ def main(argv=None):
         rows.append(("PyTorch eager (same step)", f"{1 / t_ref:.3f}", f"{t_ref:.2f}",
                      f"{100 * flops / t_ref / peak:.0f} %"))
         rows.append(("ratio ours / PyTorch (steps/s)", f"{t_ref / t_ours:.2f}x", "", ""))
+    if args.loop_data:
+        loop = loop_run(args.loop_data, args.loop_examples)
+        out["loop"] = loop
+        rows.append(("loop: refresh wait / step time (background refresh)",
+                     f"{100 * loop['refresh_wait_fraction']:.1f} %", "", ""))
+        for e, rate in enumerate(loop["cache_hit_rate_by_epoch"], 1):
+            rows.append((f"loop: LM-score cache hit rate, epoch {e}", f"{100 * rate:.0f} %",
+                         "", ""))
     write("lsr_step", out, rows, ("LSR train step", "steps/s", "s/step", "of matmul peak"))
+
+
+def loop_run(folder: str, n: int) -> dict:
+    """Three epochs of the real loop (k=4, batch 8, refresh every epoch, in the background)."""
+    import json
+    import pathlib
+    import tempfile
+
+    from replug_jax.train.data import read_jsonl
+    from replug_jax.train.setup import build_trainer
+
+    folder = pathlib.Path(folder)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_lsr_"))
+    rows = read_jsonl(folder / "train.jsonl")[:n]
+    (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    batch, k = 8, 4
+    steps_per_epoch = max(n // batch, 1)
+    cfg = LSRConfig(retriever="minilm", lm="smollm2", task="qa", data=str(tmp / "train.jsonl"),
+                    corpus=str(folder / "corpus.jsonl"), chunk_size=0, query_max_length=32,
+                    doc_max_length=192, k=k, batch_size=batch, total_steps=3 * steps_per_epoch,
+                    refresh_every=steps_per_epoch, checkpoint_every=3 * steps_per_epoch,
+                    num_devices=1)
+    trainer = build_trainer(cfg, tmp / "work", progress=False)
+    trainer.run()
+    log = [json.loads(x) for x in (tmp / "work" / "metrics.jsonl").read_text().splitlines()]
+    wait = sum(r["refresh_wait_seconds"] for r in log)
+    total = sum(r["step_seconds"] for r in log)
+    hit = []
+    for e in range(3):
+        epoch = log[e * steps_per_epoch:(e + 1) * steps_per_epoch]
+        new = sum(r["lm_new_pairs"] for r in epoch)
+        hit.append(1 - new / (len(epoch) * batch * k))
+    return {"examples": n, "batch": batch, "k": k, "steps": len(log),
+            "refresh_every": steps_per_epoch, "refresh_wait_seconds": wait,
+            "step_seconds_total": total, "refresh_wait_fraction": wait / total,
+            "cache_hit_rate_by_epoch": hit}
 
 
 def torch_step_time(retriever, batch, cfg) -> float:
