@@ -192,10 +192,14 @@ def test_workdir_from_another_config_and_corrupt_checkpoint(tmp_path):
 
 
 def test_evaluate_and_export_round_trip(tmp_path):
-    t = make_trainer(tmp_path, cfg=dataclasses.replace(BASE, total_steps=2))
-    t.run()
+    t = make_trainer(tmp_path, cfg=dataclasses.replace(BASE, total_steps=2), dev=TRAIN[:8])
+    result = t.run()
     dev = t.evaluate(TRAIN[:8])
     assert 0 <= dev["recall@1"] <= dev["recall@4"] <= 1 and "top1_is_lm_best" in dev
+    # The work directory keeps the untrained and the trained retriever's dev metrics.
+    saved = json.loads((tmp_path / "run" / "dev_metrics.json").read_text())
+    assert saved["final"] == result["dev"] == dev and saved["final_step"] == 2
+    assert set(saved["initial"]) == set(dev) and saved["initial"] == result["dev_initial"]
     from replug_jax.models import load_retriever
     from replug_jax.retrieval.encoder import Retriever
 

@@ -315,11 +315,6 @@ class LSRTrainer:
             self.index_version = 0
             self._snapshot(0)
             self.index = self._build_index(0, jax.device_get(self.state.params))
-        if self.dev and "initial" not in self._dev_metrics():
-            # The untrained retriever on dev, once per work directory (the model card's baseline).
-            write_json_atomic({"initial": self.evaluate(self.dev)} if start == 0 else
-                              {"initial": None, "note": "resumed before a baseline was taken"},
-                              self.workdir / "dev_metrics.json")
         else:
             self.index_version = meta["index_version"]
             self.index = Index.load(self._version_dir(self.index_version) / "index")
@@ -327,6 +322,11 @@ class LSRTrainer:
                 p = meta["pending"]
                 self._start_refresh(p["version"], p["start_step"],
                                     self._load_snapshot(p["version"]))
+        if self.dev and "initial" not in self._dev_metrics():
+            # The untrained retriever on dev, once per work directory (the model card's baseline).
+            write_json_atomic({"initial": self.evaluate(self.dev)} if start == 0 else
+                              {"initial": None, "note": "resumed before a baseline was taken"},
+                              self.workdir / "dev_metrics.json")
         log_path = self._metrics_log(start)
         writer = None
         try:
