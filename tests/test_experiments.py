@@ -147,3 +147,11 @@ def test_temperature_sweep_tiny(data, tmp_path):
     assert all(np.isfinite(r["loss_last"]) for r in runs)
     # The second run reuses the first run's LM scores: the LM is frozen.
     assert runs[1]["lm_cache_misses"] < runs[0]["lm_cache_misses"]
+    # A finished LSR work directory summarised for experiments/results.
+    from experiments import lsr_report
+
+    workdir = tmp_path / "runs" / "tiny" / "retriever_to_lm_g0.1_b0.1"
+    lsr_report.main(["--workdir", str(workdir), "--name", "tiny", "--out", str(tmp_path)])
+    rep = _result(tmp_path, "lsr_nq")
+    assert rep["steps"] == 2 and rep["dev"]["initial"]["examples"] == 2
+    assert 0 <= rep["dev"]["final"]["recall@1"] <= 1
