@@ -209,3 +209,19 @@ def test_evaluate_and_export_round_trip(tmp_path):
     texts = [p.text for p in PASSAGES[:4]]
     np.testing.assert_allclose(back.encode(texts), t.retriever.encode(
         texts, params=jax.device_get(t.state.params)), atol=1e-5)
+
+
+def test_long_documents_are_cut_to_the_lm_context(tmp_path):
+    from replug_jax.retrieval.corpus import Passage
+    from replug_jax.train.supervision import LMScoreCache, fit_document, lm_scores
+
+    lm = tiny_lm(0, max_context=64)
+    long_doc = Passage(0, " ".join(f"word{i}" for i in range(400)))
+    ex = TRAIN[0]
+    cache = LMScoreCache(tmp_path / "c.sqlite", "tiny")
+    scores, new = lm_scores([ex], np.array([[0]]), {0: long_doc}, lm, cache)
+    assert new == 1 and np.isfinite(scores).all()
+    cut = fit_document(long_doc.text, lm, "\n\n" + ex.context + ex.continuation)
+    assert long_doc.text.startswith(cut) and len(cut) < len(long_doc.text)
+    [ref] = lm.score_continuations([cut + "\n\n" + ex.context], [ex.continuation])
+    assert scores[0, 0] == pytest.approx(float(ref.logprobs.mean()), abs=1e-5)

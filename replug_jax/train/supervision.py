@@ -50,23 +50,39 @@ class LMScoreCache:
         self._db.close()
 
 
+def fit_document(doc: str, scorer, rest: str, margin: int = 4) -> str:
+    """``doc`` cut (from its end) so that ``doc + rest`` fits the scorer's context, when the
+    scorer declares one; ``margin`` tokens cover a BOS token and tokenisation at the joint."""
+    limit = getattr(scorer, "max_context", None)
+    if limit is None or not hasattr(scorer, "truncate"):
+        return doc
+    budget = limit - scorer.count_tokens(rest) - margin
+    if budget <= 0:
+        raise ValueError(f"the example alone ({scorer.count_tokens(rest)} tokens) does not fit "
+                         f"the LM context of {limit}")
+    return scorer.truncate(doc, budget)
+
+
 def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
-              cache: LMScoreCache, separator: str = "\n\n", reduction: str = "mean"
-              ) -> tuple[np.ndarray, int]:
+              cache: LMScoreCache, separator: str = "\n\n", reduction: str = "mean",
+              chunk: int = 64) -> tuple[np.ndarray, int]:
     """``[B, K]`` LM scores of each example's continuation given ``d ∘ x`` (0 for padding
-    documents, id -1), and the number of (example, document) pairs newly scored."""
+    documents, id -1), and the number of (example, document) pairs newly scored. Documents
+    longer than the LM context allows are cut from the end (:func:`fit_document`)."""
     keys = [(ex.id, int(d)) for ex, row in zip(examples, doc_ids_BK) for d in row if d >= 0]
     known = cache.get_many(keys)
     missing = sorted(set(keys) - set(known))
     cache.hits += len(keys) - len(missing)
     cache.misses += len(missing)
-    if missing:
-        by_id = {ex.id: ex for ex in examples}
-        prompts = [corpus_text(passages_by_id[d]) + separator + by_id[ex].context
-                   for ex, d in missing]
-        conts = [by_id[ex].continuation for ex, _ in missing]
+    by_id = {ex.id: ex for ex in examples}
+    for start in range(0, len(missing), chunk):  # stored chunk by chunk: a kill loses little
+        part = missing[start:start + chunk]
+        prompts = [fit_document(corpus_text(passages_by_id[d]), scorer,
+                                separator + by_id[ex].context + by_id[ex].continuation)
+                   + separator + by_id[ex].context for ex, d in part]
+        conts = [by_id[ex].continuation for ex, _ in part]
         scored = scorer.score_continuations(prompts, conts)
-        new = {key: (float(s.logprobs.sum()), len(s.logprobs)) for key, s in zip(missing, scored)}
+        new = {key: (float(s.logprobs.sum()), len(s.logprobs)) for key, s in zip(part, scored)}
         cache.put_many(new)
         known.update(new)
     out = np.zeros(doc_ids_BK.shape, np.float32)
