@@ -25,10 +25,9 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.table2_mmlu import CONFIGS
-from replug_jax.eval.lm import split_wikitext
+from experiments.table3_qa import wikipedia_passages
 from replug_jax.eval.mmlu import CATEGORIES, evaluate_mmlu, load_mmlu
 from replug_jax.replug import Replug
-from replug_jax.retrieval.corpus import Passage, chunk_documents
 from replug_jax.retrieval.index import Index
 
 DIFFERENCES = (
@@ -36,21 +35,6 @@ DIFFERENCES = (
     "Here SmolLM2-135M (near chance on MMLU) runs 5-shot on a few subjects per category with "
     "all-MiniLM-L6-v2 over the only Wikipedia text available offline (the NQ gold passages "
     "and/or WikiText-2 test), which rarely covers an exam question; expect no reliable gain.")
-
-
-def mmlu_corpus(kind: str, tokenizer) -> list[Passage]:
-    if kind not in ("nq_passages", "wikitext", "both"):
-        raise SystemExit(f"corpus must be nq_passages, wikitext or both, got {kind!r}")
-    texts = []
-    if kind in ("nq_passages", "both"):
-        from experiments.table3_qa import load_nq
-
-        texts += [p.text for p in load_nq()[0]]
-    if kind in ("wikitext", "both"):
-        raw = (require_data("wikitext2") / "wiki.test.raw").read_text(encoding="utf-8")
-        texts += [p.text for p in chunk_documents(split_wikitext(raw), size=128, unit="tokens",
-                                                  tokenizer=tokenizer)]
-    return [Passage(i, t) for i, t in enumerate(texts)]
 
 
 def main(argv=None):
@@ -66,7 +50,7 @@ def main(argv=None):
     dev = load_mmlu(folder, "dev", list(test))
     lm = load_lm(cfg.lm, cfg.max_context)
     with Stopwatch() as sw:
-        passages = mmlu_corpus(cfg.corpus, lm.tokenizer)
+        passages = wikipedia_passages(cfg.corpus, lm.tokenizer)
         rows = {}
         for label, source in (("replug", cfg.retriever), ("replug_lsr", cfg.lsr_retriever)):
             if source is None:

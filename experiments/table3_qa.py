@@ -49,6 +49,34 @@ def load_nq():
     return passages, questions, answers
 
 
+def load_nq_open(corpus_kind: str, tokenizer):
+    """NQ-open dev questions (3610; the split the literature reports as its test set) with
+    their answer lists, and the Wikipedia text available offline as corpus."""
+    rows = [json.loads(x) for x in (require_data("nq_open") / "NQ-open.dev.jsonl").read_text()
+            .splitlines() if x.strip()]
+    questions = [r["question"] for r in rows]
+    answers = [list(r["answer"]) for r in rows]
+    return wikipedia_passages(corpus_kind, tokenizer), questions, answers
+
+
+def wikipedia_passages(kind: str, tokenizer) -> list[Passage]:
+    """The Wikipedia text available offline: the 624 NQ gold passages (``nq_passages``),
+    WikiText-2 test in 128-token passages (``wikitext``), or ``both``."""
+    from replug_jax.eval.lm import split_wikitext
+    from replug_jax.retrieval.corpus import chunk_documents
+
+    if kind not in ("nq_passages", "wikitext", "both"):
+        raise SystemExit(f"corpus must be nq_passages, wikitext or both, got {kind!r}")
+    texts = []
+    if kind in ("nq_passages", "both"):
+        texts += [p.text for p in load_nq()[0]]
+    if kind in ("wikitext", "both"):
+        raw = (require_data("wikitext2") / "wiki.test.raw").read_text(encoding="utf-8")
+        texts += [p.text for p in chunk_documents(split_wikitext(raw), size=128, unit="tokens",
+                                                  tokenizer=tokenizer)]
+    return [Passage(i, t) for i, t in enumerate(texts)]
+
+
 def select_questions(cfg, questions: list[str]) -> list[int]:
     """The evaluated questions: the first ``num_questions``, or those of ``question_file``
     (minus the few-shot demonstrations, which are the last ``shots`` questions)."""
@@ -80,7 +108,7 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
                              reliance=False)
             lls.append(s.loglik)
             costs.append(s.cost)
-            if mode == "replug":
+            if mode == "replug" and cfg.dataset == "nq_gold":  # gold passage i for question i
                 w = dict(zip(s.doc_ids, s.weights))
                 gold_w.append(w.get(i, 0.0))
                 gold_hit.append(i in w)
@@ -132,8 +160,13 @@ def main(argv=None):
     add_standard_args(ap, CONFIGS)
     args = ap.parse_args(argv)
     cfg = pick_config(CONFIGS, args.config, args.set)
-    passages, questions, answers = load_nq()
     lm = load_lm(cfg.lm, cfg.max_context)
+    if cfg.dataset == "nq_open":
+        passages, questions, answers = load_nq_open(cfg.corpus, lm.tokenizer)
+    elif cfg.dataset == "nq_gold":
+        passages, questions, answers = load_nq()
+    else:
+        raise SystemExit(f"dataset must be nq_gold or nq_open, got {cfg.dataset!r}")
     with Stopwatch() as sw:
         rows = evaluate(cfg, cfg.retriever, passages, questions, answers, lm, "replug",
                         not args.no_progress)
@@ -143,8 +176,12 @@ def main(argv=None):
     n = len(select_questions(cfg, questions))
     payload = {"config": dataclasses.asdict(cfg), "results": rows, "seconds": sw.seconds,
                "provenance": provenance(), "questions": n,
-               "setting": "NQ questions with the 624 gold passages as the retrieval corpus; "
-                          f"{cfg.shots}-shot plain prompts; query = question"}
+               "corpus_passages": len(passages),
+               "setting": (f"NQ-open dev questions, corpus '{cfg.corpus}' ({len(passages)} "
+                           "Wikipedia passages, most questions' evidence absent)"
+                           if cfg.dataset == "nq_open" else
+                           "NQ questions with the 624 gold passages as the retrieval corpus")
+               + f"; {cfg.shots}-shot plain prompts; query = question"}
     table = [(mode, f"{r['mean_answer_loglik']:.3f}", f"{r.get('exact_match', float('nan')):.3f}",
               f"{r.get('f1', float('nan')):.3f}", f"{r.get('mean_gold_weight', float('nan')):.3f}",
               f"{r.get('gold_recall_at_k', float('nan')):.3f}", r["lm_calls"])
@@ -152,7 +189,8 @@ def main(argv=None):
     out = write_results("table3_qa", args.config, payload, table,
                         ("mode", "mean gold-answer loglik", "EM", "F1", "gold λ",
                          "gold in top-k", "LM rows"),
-                        notes=f"{n} questions, k={cfg.k}, {cfg.shots}-shot, LM {cfg.lm}, "
+                        notes=f"{n} questions ({cfg.dataset}), k={cfg.k}, {cfg.shots}-shot, "
+                              f"LM {cfg.lm}, "
                               f"retriever {cfg.retriever}"
                               + (f", LSR retriever {cfg.lsr_retriever}" if cfg.lsr_retriever
                                  else "") + f"; {sw.seconds:.0f} s.",

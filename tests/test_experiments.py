@@ -64,6 +64,9 @@ def shared(tmp_path_factory):
             fo.write(json.dumps({**row, "query": f"Context: {passage}\n\nQuestion: {question}"
                                                  "\nAnswer:"}) + "\n")
             fc.write(json.dumps({**row, "query": f"Question: {question}\nAnswer:"}) + "\n")
+    (root / "nq_open").mkdir()
+    (root / "nq_open" / "NQ-open.dev.jsonl").write_text("".join(
+        json.dumps({"question": q[:-1].lower(), "answer": [a]}) + "\n" for a, _, q in FACTS))
     wiki = root / "wikitext2"
     wiki.mkdir()
     text = "".join(f" = {name} = \n \n {ARTICLE.format(name=name, town=town)}\n"
@@ -106,6 +109,13 @@ def test_table3_qa_tiny(data, tmp_path):
     # Invented facts: only the retrieved passage can teach them.
     assert res["replug"]["mean_answer_loglik"] > res["none"]["mean_answer_loglik"]
     assert 0 <= res["replug"]["exact_match"] <= 1 and res["replug"]["gold_recall_at_k"] > 0.5
+    # NQ-open questions against the offline Wikipedia text (here: the passages + articles).
+    table3_qa.main(["--config", "tiny", "--out", str(tmp_path / "open"), "--no-progress",
+                    "--set", "dataset=nq_open", "corpus=both", "num_questions=3",
+                    'modes=["none", "replug"]', "generate_modes=[]"])
+    res = json.loads((tmp_path / "open" / "table3_qa" / "tiny.json").read_text())
+    assert res["questions"] == 3 and res["corpus_passages"] > len(FACTS)
+    assert "mean_gold_weight" not in res["results"]["replug"]
 
 
 def test_table1_and_figure4_tiny(data, tmp_path):

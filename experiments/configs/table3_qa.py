@@ -8,6 +8,8 @@ class QAConfig:
     retriever: str = "minilm"  # paper: Contriever
     lm: str = "smollm2"  # paper: Codex / GPT-3
     lsr_retriever: str | None = None  # a trained retriever folder (REPLUG LSR row)
+    dataset: str = "nq_gold"  # nq_gold (624 questions + their passages) | nq_open (3610)
+    corpus: str = "both"  # nq_open only: nq_passages | wikitext | both (no Wikipedia dump)
     num_questions: int = 100  # the first N (or the first N of question_file)
     question_file: str = ""  # JSONL with gold_doc, e.g. experiments/data/nq/dev.jsonl
     shots: int = 4  # paper: 16-shot for NQ
@@ -33,6 +35,8 @@ CONFIGS = {
     "lsr_dev": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=125,
                         modes=("none", "replug"), generate_modes=("none", "replug"),
                         lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
+    # NQ-open dev (the literature's test set) against the only Wikipedia text available offline.
+    "nq_open100": QAConfig(dataset="nq_open", modes=("none", "replug"), generate_modes=()),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
 }
