@@ -32,8 +32,9 @@ CONFIGS = {
     "nq30_likelihood": QAConfig(num_questions=30, modes=("none", "replug", "random"),
                                 generate_modes=()),
     # REPLUG vs REPLUG LSR on the LSR dev split (the trained retriever from lsr_nq).
-    "lsr_dev": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=125,
-                        modes=("none", "replug"), generate_modes=("none", "replug"),
+    # Likelihood only, 50 questions: what fits beside the LSR run on 2 CPU cores.
+    "lsr_dev": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=50,
+                        modes=("none", "replug"), generate_modes=(),
                         lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
     # NQ-open dev (the literature's test set) against the only Wikipedia text available offline.
     "nq_open100": QAConfig(dataset="nq_open", modes=("none", "replug"), generate_modes=()),
