@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import re
 
@@ -87,8 +88,42 @@ def select_questions(cfg, questions: list[str]) -> list[int]:
     return list(range(min(cfg.num_questions, len(questions) - cfg.shots)))
 
 
+def _question(cfg, pipe, mode: str, i: int, prompt: str, question: str,
+              answers: list[str]) -> dict:
+    """One question in one mode: gold-answer log-likelihood (+ gold λ, EM/F1 when asked)."""
+    [s] = pipe.score([prompt], [" " + answers[0]], [question], mode=mode, reliance=False)
+    rec = {"loglik": s.loglik, "cost": {"lm_calls": s.cost["lm_calls"],
+                                        "input_tokens": s.cost["input_tokens"]}}
+    if mode == "replug" and cfg.dataset == "nq_gold":  # gold passage i for question i
+        w = dict(zip(s.doc_ids, s.weights))
+        rec.update(gold_weight=w.get(i, 0.0), gold_hit=i in w)
+    if mode in cfg.generate_modes:
+        [g] = pipe.generate([prompt], cfg.max_new_tokens, stop=["\n"], queries=[question],
+                            mode=mode)
+        pred = first_line(g.text)
+        rec.update(prediction=pred, em=exact_match(pred, answers), f1=f1_score(pred, answers))
+    return rec
+
+
+def _load_partial(path, label: str) -> dict:
+    """Per-question records of an interrupted run of the same config (see ``main``)."""
+    if path is None or not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by the interruption
+            continue
+        if rec.pop("label") == label:
+            out[(rec.pop("mode"), rec.pop("i"))] = rec
+    return out
+
+
 def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label: str,
-             progress: bool = True) -> dict:
+             progress: bool = True, partial=None) -> dict:
+    """Rows per mode. ``partial``: a JSONL file of per-question records, appended as they are
+    computed and reused on a rerun, so an interrupted run resumes where it stopped."""
     from tqdm.auto import tqdm
 
     retriever = load_retriever(retriever_source)
@@ -99,25 +134,25 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
     demos = [(questions[-1 - j], answers[-1 - j][0]) for j in range(cfg.shots)]
     prompts = {i: qa_prompt(questions[i], demonstrations=demos, chat=False) for i in selected}
     out = {}
+    done = _load_partial(partial, label)
     for mode in cfg.modes:
         if label != "replug" and mode != "replug":
             continue  # the LSR retriever only changes the REPLUG row
-        lls, ems, f1s, gold_w, gold_hit, costs = [], [], [], [], [], []
+        records = []
         for i in tqdm(selected, desc=f"{label}:{mode}", disable=not progress):
-            [s] = pipe.score([prompts[i]], [" " + answers[i][0]], [questions[i]], mode=mode,
-                             reliance=False)
-            lls.append(s.loglik)
-            costs.append(s.cost)
-            if mode == "replug" and cfg.dataset == "nq_gold":  # gold passage i for question i
-                w = dict(zip(s.doc_ids, s.weights))
-                gold_w.append(w.get(i, 0.0))
-                gold_hit.append(i in w)
-            if mode in cfg.generate_modes:
-                [g] = pipe.generate([prompts[i]], cfg.max_new_tokens, stop=["\n"],
-                                    queries=[questions[i]], mode=mode)
-                pred = first_line(g.text)
-                ems.append(exact_match(pred, answers[i]))
-                f1s.append(f1_score(pred, answers[i]))
+            rec = done.get((mode, i))
+            if rec is None:
+                rec = _question(cfg, pipe, mode, i, prompts[i], questions[i], answers[i])
+                if partial is not None:
+                    with open(partial, "a") as f:
+                        f.write(json.dumps({"label": label, "mode": mode, "i": i, **rec}) + "\n")
+            records.append(rec)
+        lls = [r["loglik"] for r in records]
+        costs = [r["cost"] for r in records]
+        ems = [r["em"] for r in records if "em" in r]
+        f1s = [r["f1"] for r in records if "f1" in r]
+        gold_w = [r["gold_weight"] for r in records if "gold_weight" in r]
+        gold_hit = [r["gold_hit"] for r in records if "gold_hit" in r]
         row = {"mean_answer_loglik": float(np.mean(lls)), "lm_calls": int(
             sum(c["lm_calls"] for c in costs)), "input_tokens": int(
             sum(c["input_tokens"] for c in costs))}
@@ -167,12 +202,17 @@ def main(argv=None):
         passages, questions, answers = load_nq()
     else:
         raise SystemExit(f"dataset must be nq_gold or nq_open, got {cfg.dataset!r}")
+    folder = args.out / "table3_qa"
+    folder.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
+                         ).hexdigest()[:12]
+    partial = folder / f".{args.config}.{key}.partial.jsonl"  # same config -> resumes
     with Stopwatch() as sw:
         rows = evaluate(cfg, cfg.retriever, passages, questions, answers, lm, "replug",
-                        not args.no_progress)
+                        not args.no_progress, partial)
         if cfg.lsr_retriever:
             rows.update(evaluate(cfg, cfg.lsr_retriever, passages, questions, answers, lm,
-                                 "lsr", not args.no_progress))
+                                 "lsr", not args.no_progress, partial))
     n = len(select_questions(cfg, questions))
     payload = {"config": dataclasses.asdict(cfg), "results": rows, "seconds": sw.seconds,
                "provenance": provenance(), "questions": n,
@@ -206,6 +246,7 @@ def main(argv=None):
     ax.set_ylabel("mean gold-answer log-likelihood")
     ax.set_title(f"NQ, {n} questions, k={cfg.k}")
     save_figure(fig, out / f"{args.config}.png")
+    partial.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -174,7 +174,9 @@ class Replug:
             over = self.lm.count_tokens(prompt) + reserve + 1 - self.lm.max_context
             if over <= 0 or not text:
                 return prompt
-            budget = max(self.lm.count_tokens(text) - over, 0)
+            # Strictly decreasing, so this ends even when a cut cannot land inside a character
+            # that the tokenizer splits into several byte tokens.
+            budget = max(min(self.lm.count_tokens(text) - over, budget - 1), 0)
             text = self.lm.truncate(text, budget)
             self.truncated_documents += 1
 

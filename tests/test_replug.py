@@ -185,3 +185,23 @@ def test_bad_inputs(parts):
     pipe = Replug(lm, retriever, long_index, k=1)
     [r] = pipe.score(["The capital of Spain is"], [" Madrid."])
     assert pipe.truncated_documents == 1 and np.isfinite(r.loglik)
+
+
+def test_documents_of_multibyte_characters_are_cut_to_fit():
+    """Characters split into several byte tokens: truncation never exceeds the budget, and
+    fitting a document to the context always ends (a real NQ passage once looped forever)."""
+    from tests._models import tiny_lm, tiny_retriever
+
+    lm = tiny_lm(0, max_context=64)
+    texts = ["漢字テスト" * 20, "hello 😀😀😀 world " * 10, "plain words here " * 30]
+    for text in texts:
+        for n in range(40):
+            cut = lm.truncate(text, n)
+            assert text.startswith(cut) and lm.count_tokens(cut) <= n
+    retriever = tiny_retriever()
+    passages = [Passage(i, t) for i, t in enumerate(texts)]
+    index = Index.build(retriever.encode_passages(texts), passages, encoder=retriever.identity)
+    pipe = Replug(lm, retriever, index, k=3)
+    groups, _ = pipe.branches(["A question about 😀 and 漢字?"], reserve=16)
+    for prompt in groups[0].prompts:
+        assert lm.count_tokens(prompt) + 16 + 1 <= 64

@@ -27,7 +27,10 @@ CONFIGS = {
     "tiny": QAConfig(num_questions=6, k=2, modes=("none", "replug", "random"),
                      max_new_tokens=8),
     # What the issue asks for on 2 CPU cores: concatenation is left to the default config.
-    "nq100": QAConfig(modes=("none", "replug", "random")),
+    # The 100-question check: likelihood for all three modes (the figure that must move with
+    # a 135M LM); nq100_em adds exact match (generation) for none and REPLUG.
+    "nq100": QAConfig(modes=("none", "replug", "random"), generate_modes=()),
+    "nq100_em": QAConfig(modes=("none", "replug", "random")),
     # A 30-question likelihood-only check that fits in a few minutes.
     "nq30_likelihood": QAConfig(num_questions=30, modes=("none", "replug", "random"),
                                 generate_modes=()),

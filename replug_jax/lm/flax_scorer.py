@@ -106,7 +106,13 @@ class FlaxLM:
             return text
         if max_tokens <= 0:
             return ""
-        return text[: enc["offset_mapping"][max_tokens - 1][1]]
+        offsets = enc["offset_mapping"]
+        end = offsets[max_tokens - 1][1]
+        start, stop = offsets[max_tokens]
+        if start < end < stop or (start < end and stop == end):
+            # A character split into several byte tokens straddles the cut: drop it whole.
+            end = start
+        return text[:end]
 
     def split_continuation(self, prompt: str, continuation: str) -> tuple[list[int], list[int]]:
         """Tokenise ``prompt + continuation`` jointly; the continuation's tokens are those
