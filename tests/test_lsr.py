@@ -195,7 +195,8 @@ def test_evaluate_and_export_round_trip(tmp_path):
     t = make_trainer(tmp_path, cfg=dataclasses.replace(BASE, total_steps=2), dev=TRAIN[:8])
     result = t.run()
     dev = t.evaluate(TRAIN[:8])
-    assert 0 <= dev["recall@1"] <= dev["recall@4"] <= 1 and "top1_is_lm_best" in dev
+    assert 0 <= dev["recall@1"] <= dev["recall@4"] <= dev["recall@5"] <= 1
+    assert "top1_is_lm_best" in dev
     # The work directory keeps the untrained and the trained retriever's dev metrics.
     saved = json.loads((tmp_path / "run" / "dev_metrics.json").read_text())
     assert saved["final"] == result["dev"] == dev and saved["final_step"] == 2

@@ -393,16 +393,17 @@ class LSRTrainer:
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            hits = index.search(queries, k)
+            hits = index.search(queries, max(k, 5))  # recall@5 even when k < 5
         out = {"examples": len(examples)}
         gold = [e.gold_doc for e in examples]
         if all(g is not None for g in gold):
             for r in sorted({1, 5, k}):
                 out[f"recall@{r}"] = float(np.mean([g in row[:r] for g, row in
                                                     zip(gold, hits.ids)]))
-        scores, _ = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
+        top_k = hits.ids[:, :k]
+        scores, _ = lm_scores(examples, top_k, self.by_id, self.lm, self.cache,
                               self.cfg.separator, self.cfg.lm_score)
-        agree = [int(np.argmax(s[row >= 0]) == 0) for s, row in zip(scores, hits.ids)]
+        agree = [int(np.argmax(s[row >= 0]) == 0) for s, row in zip(scores, top_k)]
         out["top1_is_lm_best"] = float(np.mean(agree))
         return out
 
