@@ -91,17 +91,21 @@ def select_questions(cfg, questions: list[str]) -> list[int]:
 def _question(cfg, pipe, mode: str, i: int, prompt: str, question: str,
               answers: list[str]) -> dict:
     """One question in one mode: gold-answer log-likelihood (+ gold λ, EM/F1 when asked)."""
-    [s] = pipe.score([prompt], [" " + answers[0]], [question], mode=mode, reliance=False)
-    rec = {"loglik": s.loglik, "cost": {"lm_calls": s.cost["lm_calls"],
-                                        "input_tokens": s.cost["input_tokens"]}}
-    if mode == "replug" and cfg.dataset == "nq_gold":  # gold passage i for question i
-        w = dict(zip(s.doc_ids, s.weights))
-        rec.update(gold_weight=w.get(i, 0.0), gold_hit=i in w)
+    rec = {"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
+    if cfg.likelihood:
+        [s] = pipe.score([prompt], [" " + answers[0]], [question], mode=mode, reliance=False)
+        rec = {"loglik": s.loglik, "cost": {"lm_calls": s.cost["lm_calls"],
+                                            "input_tokens": s.cost["input_tokens"]}}
+        if mode == "replug" and cfg.dataset == "nq_gold":  # gold passage i for question i
+            w = dict(zip(s.doc_ids, s.weights))
+            rec.update(gold_weight=w.get(i, 0.0), gold_hit=i in w)
     if mode in cfg.generate_modes:
         [g] = pipe.generate([prompt], cfg.max_new_tokens, stop=["\n"], queries=[question],
                             mode=mode)
         pred = first_line(g.text)
         rec.update(prediction=pred, em=exact_match(pred, answers), f1=f1_score(pred, answers))
+        if not cfg.likelihood:
+            rec["cost"] = {"lm_calls": g.cost["lm_calls"], "input_tokens": g.cost["input_tokens"]}
     return rec
 
 

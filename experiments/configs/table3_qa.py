@@ -18,6 +18,7 @@ class QAConfig:
     modes: tuple = ("none", "replug", "random", "concat")
     generate_modes: tuple = ("none", "replug", "concat")  # EM needs generation (not random)
     max_new_tokens: int = 16
+    likelihood: bool = True  # score the gold answer (False: generation / EM only)
     max_context: int = 512  # documents are cut to fit (NQ passages: median 171 tokens)
     seed: int = 0
 
@@ -30,7 +31,7 @@ CONFIGS = {
     # The 100-question check: likelihood for all three modes (the figure that must move with
     # a 135M LM); nq100_em adds exact match (generation) for none and REPLUG.
     "nq100": QAConfig(modes=("none", "replug", "random"), generate_modes=()),
-    "nq100_em": QAConfig(modes=("none", "replug", "random")),
+    "nq100_em": QAConfig(modes=("none", "replug"), likelihood=False),
     # A 30-question likelihood-only check that fits in a few minutes.
     "nq30_likelihood": QAConfig(num_questions=30, modes=("none", "replug", "random"),
                                 generate_modes=()),
