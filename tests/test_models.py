@@ -176,9 +176,17 @@ def test_llama_parity_against_transformers_gguf_loader(smollm):
     assert np.abs(ours - ref_lp).max() <= 1e-3
 
 
+# Llama 3.1/3.2's RoPE scaling. With head_dim 16 and theta 50000 the wavelengths
+# (6.3, 24, 94, ...) fall in each band around original/high = 8 and original/low = 32.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+
 @pytest.mark.torch
 @pytest.mark.models
-def test_llama_hf_layout_tiny_random(tmp_path):
+@pytest.mark.parametrize("rope", [None, LLAMA3_ROPE], ids=["plain_rope", "llama3_rope"])
+def test_llama_hf_layout_tiny_random(tmp_path, rope):
     torch = torch_or_skip()
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -186,14 +194,15 @@ def test_llama_hf_layout_tiny_random(tmp_path):
     cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=96,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       rope_theta=50000.0, tie_word_embeddings=False,
-                      max_position_embeddings=128)
+                      max_position_embeddings=128, rope_parameters=rope)
     ref = LlamaForCausalLM(cfg).eval()
     ref.save_pretrained(tmp_path)
     write_smollm_tokenizer(tmp_path)
     lm = load_lm(str(tmp_path))
-    ids = random_ids(np.random.default_rng(2), (2, 20), 49152)
+    assert (lm.config.rope_llama3 is None) == (rope is None)
+    ids = random_ids(np.random.default_rng(2), (2, 40), 49152)  # longer than original (32)
     apply, state = functional(lm.model)
-    ours, _ = apply(state, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(20), (2, 20)))
+    ours, _ = apply(state, jnp.asarray(ids), jnp.broadcast_to(jnp.arange(40), (2, 40)))
     with torch.no_grad():
         theirs = ref(torch.tensor(ids, dtype=torch.long)).logits.numpy()
     assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4

@@ -273,9 +273,13 @@ def load_lm(source: str = DEFAULT_LM, *, dtype: str = "float32") -> LanguageMode
         if arch != "llama":
             raise WeightsError(f"{resolved.path}: GGUF architecture {arch!r} is not supported "
                                "(supported: 'llama')")
+        if "rope_freqs.weight" in tensors:
+            raise WeightsError(f"{resolved.path}: per-frequency RoPE factors (rope_freqs, as in "
+                               "Llama 3.1+ GGUF files) are not supported; load the Hugging "
+                               "Face folder instead, whose 'llama3' RoPE scaling is")
         cfg = llama.config_from_gguf(meta, set(tensors))
         name_map = llama.gguf_name_map(cfg)
-        ignore = (lambda n: n == "rope_freqs.weight")  # noqa: E731  (absent for plain RoPE)
+        ignore = (lambda n: False)  # noqa: E731
         tokenizer = _gguf_tokenizer(resolved.path)
     else:
         directory = resolved.path

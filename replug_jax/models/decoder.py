@@ -43,6 +43,9 @@ class DecoderConfig:
     mlp: Literal["swiglu", "gelu_tanh"] = "swiglu"
     position: Literal["rope", "learned"] = "rope"
     rope_theta: float = 10000.0
+    # Llama 3 RoPE frequency scaling: (factor, low_freq_factor, high_freq_factor,
+    # original_max_position), or None for plain RoPE.
+    rope_llama3: tuple[float, float, float, int] | None = None
     attn_bias: bool = False
     mlp_bias: bool = False
     tie_embeddings: bool = True
@@ -73,10 +76,25 @@ def _norm(cfg: DecoderConfig, dtype, rngs):
                          rngs=rngs)
 
 
-def rope(x_BLHD, positions_BL, theta: float):
+def rope_inv_freq(head_dim: int, theta: float, llama3=None):
+    """RoPE inverse frequencies ``[head_dim / 2]``; with ``llama3`` = (factor, low_freq_factor,
+    high_freq_factor, original_max_position), Llama 3.1/3.2's scaling: wavelengths longer than
+    ``original / low_freq_factor`` are divided by ``factor``, those shorter than
+    ``original / high_freq_factor`` are kept, and the band between is interpolated smoothly."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if llama3 is None:
+        return inv_freq
+    factor, low, high, original = llama3
+    wavelen = 2 * jnp.pi / inv_freq
+    scaled = jnp.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return jnp.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+def rope(x_BLHD, positions_BL, theta: float, llama3=None):
     """Rotary embedding in the Hugging Face (rotate-half) convention."""
-    d = x_BLHD.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    inv_freq = rope_inv_freq(x_BLHD.shape[-1], theta, llama3)
     angles_BLF = jnp.maximum(positions_BL, 0).astype(jnp.float32)[..., None] * inv_freq
     cos = jnp.cos(angles_BLF)[:, :, None, :]
     sin = jnp.sin(angles_BLF)[:, :, None, :]
@@ -111,8 +129,8 @@ class Attention(nnx.Module):
         k_BLKD = self.k(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
         v_BLKD = self.v(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
         if cfg.position == "rope":
-            q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta)
-            k_BLKD = rope(k_BLKD, q_pos_BL, cfg.rope_theta)
+            q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
+            k_BLKD = rope(k_BLKD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
         if kv_cache is None:
             k_BSKD, v_BSKD, k_pos_BS = k_BLKD, v_BLKD, q_pos_BL
             new_kv = None

@@ -15,17 +15,25 @@ __all__ = ["CausalLM", "config_from_hf", "config_from_gguf", "hf_name_map", "ggu
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
-def _rope_theta(hf: dict) -> float:
+def _rope(hf: dict) -> tuple[float, tuple | None]:
+    """(theta, Llama 3 scaling or None) from ``rope_parameters`` / ``rope_scaling``."""
     params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ValueError(f"RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if rope_type in ("default", None):
+        return theta, None
+    if rope_type == "llama3":
+        return theta, (float(params["factor"]), float(params["low_freq_factor"]),
+                       float(params["high_freq_factor"]),
+                       int(params["original_max_position_embeddings"]))
+    raise ValueError(f"RoPE scaling {rope_type!r} is not supported (supported: plain RoPE, "
+                     "'llama3')")
 
 
 def config_from_hf(hf: dict) -> DecoderConfig:
     """From an HF ``config.json`` of a Llama-family causal LM."""
     heads = hf["num_attention_heads"]
+    theta, llama3 = _rope(hf)
     return DecoderConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
@@ -33,7 +41,7 @@ def config_from_hf(hf: dict) -> DecoderConfig:
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
         max_position=hf.get("max_position_embeddings", 2048), norm="rms",
         norm_eps=hf.get("rms_norm_eps", 1e-6), mlp="swiglu", position="rope",
-        rope_theta=_rope_theta(hf), attn_bias=bool(hf.get("attention_bias", False))
+        rope_theta=theta, rope_llama3=llama3, attn_bias=bool(hf.get("attention_bias", False))
         or hf.get("model_type") == "qwen2", mlp_bias=bool(hf.get("mlp_bias", False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), family="llama",
         bos_token_id=hf.get("bos_token_id"), eos_token_id=_first(hf.get("eos_token_id")),
