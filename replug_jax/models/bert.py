@@ -122,7 +122,11 @@ class BertEncoder(nnx.Module):
         if cfg.has_pooler:  # unused by mean pooling; kept so exports are complete BertModels
             self.pooler = nnx.Linear(cfg.hidden_size, cfg.hidden_size, **kw)
 
-    def __call__(self, input_ids_BL, attention_mask_BL, token_type_ids_BL=None):
+    def __call__(self, input_ids_BL, attention_mask_BL, token_type_ids_BL=None, *,
+                 remat: bool = False):
+        """``remat=True`` recomputes each layer's activations in the backward pass (gradient
+        checkpointing): the same gradients for about a third more compute, and activation
+        memory for one layer instead of all of them."""
         if input_ids_BL.shape[1] > self.cfg.max_position:
             raise ValueError(f"sequence length {input_ids_BL.shape[1]} exceeds the encoder's "
                              f"maximum {self.cfg.max_position}; truncate the input")
@@ -133,9 +137,14 @@ class BertEncoder(nnx.Module):
                  + self.type_embed(token_type_ids_BL))
         x_BLD = self.embed_norm(x_BLD)
         mask_BL = attention_mask_BL.astype(bool)
+        apply = nnx.remat(_apply_layer) if remat else _apply_layer
         for layer in self.layers:
-            x_BLD = layer(x_BLD, mask_BL)
+            x_BLD = apply(layer, x_BLD, mask_BL)
         return x_BLD
+
+
+def _apply_layer(layer, x_BLD, mask_BL):
+    return layer(x_BLD, mask_BL)
 
 
 def pool(hidden_BLD, attention_mask_BL, pooling: Pooling = "mean", normalize: bool = False):

@@ -41,6 +41,7 @@ class LSRConfig:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
+    remat: bool = False  # recompute encoder activations in the backward pass (less memory)
     batch_size: int = 64
     total_steps: int = 25_000
     # index refresh (§4.4)
@@ -89,7 +90,7 @@ class LSRConfig:
         return dataclasses.asdict(self)
 
     def fingerprint(self, ignore=("total_steps", "eval_every", "checkpoint_every",
-                                  "keep_checkpoints")) -> str:
+                                  "keep_checkpoints", "remat")) -> str:
         """A hash of everything that changes the training trajectory."""
         d = {k: v for k, v in self.to_json().items() if k not in ignore}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -83,11 +83,12 @@ def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, p
     def scores_fn(params, batch):
         encoder = to_module(graphdef, template, params)
         b, k, ld = batch["doc_ids"].shape
-        q_BD = pool(encoder(batch["query_ids"], batch["query_mask"]), batch["query_mask"],
-                    pooling, normalize)
+        q_BD = pool(encoder(batch["query_ids"], batch["query_mask"], remat=cfg.remat),
+                    batch["query_mask"], pooling, normalize)
         d_ids = batch["doc_ids"].reshape(b * k, ld)
         d_mask = batch["doc_mask"].reshape(b * k, ld)
-        d_BKD = pool(encoder(d_ids, d_mask), d_mask, pooling, normalize).reshape(b, k, -1)
+        d_BKD = pool(encoder(d_ids, d_mask, remat=cfg.remat), d_mask, pooling,
+                     normalize).reshape(b, k, -1)
         return jnp.einsum("bd,bkd->bk", q_BD, d_BKD)
 
     def loss_fn(params, batch):
