@@ -34,7 +34,17 @@ def provenance() -> dict:
         datetime.timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
         "jax": jax.__version__, "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
-        "command": " ".join([pathlib.Path(sys.executable).name] + sys.argv)}
+        "command": command_line()}
+
+
+def command_line() -> str:
+    """The command that reproduces this run (``python -m experiments.<name> ...``)."""
+    script = pathlib.Path(sys.argv[0])
+    if script.parent.resolve() == pathlib.Path(__file__).resolve().parent:
+        head = ["python", "-m", f"experiments.{script.stem}"]
+    else:
+        head = ["python", sys.argv[0]]
+    return " ".join(head + sys.argv[1:])
 
 
 def require_data(*parts: str) -> pathlib.Path:

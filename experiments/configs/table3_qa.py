@@ -35,11 +35,14 @@ CONFIGS = {
     # A 30-question likelihood-only check that fits in a few minutes.
     "nq30_likelihood": QAConfig(num_questions=30, modes=("none", "replug", "random"),
                                 generate_modes=()),
-    # REPLUG vs REPLUG LSR on the LSR dev split (the trained retriever from lsr_nq).
-    # Likelihood only, 50 questions: what fits beside the LSR run on 2 CPU cores.
-    "lsr_dev": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=50,
+    # REPLUG vs REPLUG LSR on the LSR dev split (the trained retriever from lsr_nq): the
+    # gold-answer likelihood on all 125 dev questions, exact match on the first 50.
+    "lsr_dev": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=125,
                         modes=("none", "replug"), generate_modes=(),
                         lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
+    "lsr_dev_em": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=50,
+                           modes=("replug",), generate_modes=("replug",), likelihood=False,
+                           lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
     # NQ-open dev (the literature's test set) against the only Wikipedia text available offline.
     "nq_open100": QAConfig(dataset="nq_open", modes=("none", "replug"), generate_modes=()),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
