@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import datetime
+import functools
 import json
 import os
 import pathlib
@@ -145,6 +145,16 @@ def _write_readme(folder: pathlib.Path, name: str, differences: str) -> None:
     tmp = folder / "README.md.tmp"
     tmp.write_text("\n".join(parts))
     tmp.replace(folder / "README.md")
+
+
+def new_figure(ncols: int = 1, figsize=(5, 3), **kwargs):
+    """``(fig, axes)`` from ``plt.subplots`` on the file-only Agg backend (no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, ncols, figsize=figsize, **kwargs)
 
 
 def save_figure(fig, path: pathlib.Path) -> None:

@@ -20,6 +20,7 @@ from experiments.common import (
     Stopwatch,
     add_standard_args,
     load_lm,
+    new_figure,
     pick_config,
     provenance,
     save_figure,
@@ -82,12 +83,7 @@ def main(argv=None):
                f"filter '{cfg.leakage}'; LM {cfg.lm}, retriever {cfg.retriever}; "
                f"{sw.seconds:.0f} s."),
         root=args.out, differences=DIFFERENCES)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, ax = new_figure(figsize=(5, 3.2))
     ax.plot(ks, [curves["replug"][k] for k in ks], "o-", label="retrieved (REPLUG)")
     ax.plot(ks, [curves["random"][k] for k in ks], "s--", label="random documents")
     ax.axhline(alone, color="gray", lw=1, ls=":", label="LM alone")

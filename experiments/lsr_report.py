@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from experiments.common import RESULTS, provenance, save_figure, write_results
+from experiments.common import RESULTS, new_figure, provenance, save_figure, write_results
 
 DIFFERENCES = (
     "The paper trains Contriever from GPT-3 Curie likelihoods on 800K Pile sequences (k = 20, "
@@ -69,13 +69,8 @@ def main(argv=None):
                "questions; `top1_is_lm_best` = the retriever's top document is the one the LM "
                "scores best among the retrieved."),
         root=args.out, differences=DIFFERENCES)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [r["step"] for r in log]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3))
+    fig, axes = new_figure(3, figsize=(11, 3))
     for ax, key, label in zip(axes, ("loss", "argmax_agreement", "grad_norm"),
                               ("LSR loss (KL)", "P_R / Q argmax agreement", "gradient norm")):
         ax.plot(steps, [r[key] for r in log], lw=1)

@@ -17,6 +17,7 @@ from experiments.common import (
     add_standard_args,
     load_lm,
     load_retriever,
+    new_figure,
     pick_config,
     provenance,
     require_data,
@@ -102,12 +103,7 @@ def main(argv=None):
                f"k={cfg.k}, τ={cfg.temperature}; LM {cfg.lm}, retriever {cfg.retriever}; "
                f"{sw.seconds:.0f} s."),
         root=args.out, differences=DIFFERENCES)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3))
+    fig, ax = new_figure(figsize=(5.5, 3))
     names = list(rows)
     ax.barh(names, [rows[m]["bits_per_byte"] for m in names], color="tab:blue")
     ax.set_xlabel("bits per UTF-8 byte (lower is better)")

@@ -18,6 +18,7 @@ from experiments.common import (
     add_standard_args,
     load_lm,
     load_retriever,
+    new_figure,
     pick_config,
     provenance,
     require_data,
@@ -83,12 +84,7 @@ def main(argv=None):
                f"; LM {cfg.lm}, retriever {cfg.retriever}; accuracy in %; chance is 25 %; "
                f"{sw.seconds:.0f} s."),
         root=args.out, differences=DIFFERENCES)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = new_figure(figsize=(6, 3))
     width = 0.8 / max(len(rows), 1)
     for j, (mode, r) in enumerate(rows.items()):
         xs = [i + j * width for i in range(len(cats) + 1)]

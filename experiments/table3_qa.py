@@ -23,6 +23,7 @@ from experiments.common import (
     add_standard_args,
     load_lm,
     load_retriever,
+    new_figure,
     pick_config,
     provenance,
     require_data,
@@ -239,12 +240,7 @@ def main(argv=None):
                               + (f", LSR retriever {cfg.lsr_retriever}" if cfg.lsr_retriever
                                  else "") + f"; {sw.seconds:.0f} s.",
                         root=args.out, differences=DIFFERENCES)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig, ax = new_figure(figsize=(5, 3))
     modes = list(rows)
     ax.bar(modes, [rows[m]["mean_answer_loglik"] for m in modes], color="tab:blue")
     ax.set_ylabel("mean gold-answer log-likelihood")

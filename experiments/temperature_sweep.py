@@ -25,6 +25,7 @@ from experiments.common import (
     Stopwatch,
     add_standard_args,
     load_lm,
+    new_figure,
     pick_config,
     provenance,
     save_figure,
@@ -142,13 +143,8 @@ def main(argv=None):
                f"{initial.get('recall@5', float('nan')):.3f}, top-1 = LM best "
                f"{initial.get('top1_is_lm_best', float('nan')):.3f}; {sw.seconds:.0f} s."),
         root=args.out, differences=DIFFERENCES)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     dirs = list(sweep.directions)
-    fig, axes = plt.subplots(1, len(dirs), figsize=(4.2 * len(dirs), 3.4), squeeze=False)
+    fig, axes = new_figure(len(dirs), figsize=(4.2 * len(dirs), 3.4), squeeze=False)
     for ax, direction in zip(axes[0], dirs):
         grid = np.full((len(sweep.gammas), len(sweep.betas)), np.nan)
         for r in runs:
