@@ -9,8 +9,9 @@ _DATA = dict(task="qa", data="experiments/data/nq/train.jsonl",
              chunk_size=0, query_max_length=32, doc_max_length=192)
 
 CONFIGS = {
-    # What fits on 2 CPU cores in about half an hour (LM scoring of 32 pairs per step
-    # dominates): 256 training questions seen once, two index refreshes.
+    # What fits on 2 CPU cores in about an hour (3902 s measured, partly sharing the cores;
+    # LM scoring of 32 pairs per step dominates): 256 training questions seen once, two
+    # index refreshes.
     "default": LSRConfig(retriever="minilm", lm="smollm2", k=4, batch_size=8,
                          total_steps=32, refresh_every=12, checkpoint_every=8,
                          learning_rate=2e-5, **_DATA),

@@ -45,6 +45,8 @@ CONFIGS = {
                            lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
     # NQ-open dev (the literature's test set) against the only Wikipedia text available offline.
     "nq_open100": QAConfig(dataset="nq_open", modes=("none", "replug"), generate_modes=()),
+    "nq_open30": QAConfig(dataset="nq_open", num_questions=30, modes=("none", "replug"),
+                          generate_modes=()),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
 }
