@@ -67,6 +67,7 @@ class LSRConfig:
             (self.refresh_every > 0, "refresh_every must be positive"),
             (self.checkpoint_every > 0, "checkpoint_every must be positive"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be positive"),
+            (isinstance(self.remat, bool), f"remat must be true or false, got {self.remat!r}"),
         ]
         for literal, allowed in (("similarity", ("cosine", "dot")), ("task", ("qa", "lm")),
                                  ("direction", ("retriever_to_lm", "lm_to_retriever")),
