@@ -227,10 +227,13 @@ def main(argv=None):
                            if cfg.dataset == "nq_open" else
                            "NQ questions with the 624 gold passages as the retrieval corpus")
                + f"; {cfg.shots}-shot plain prompts; query = question"}
-    table = [(mode, f"{r['mean_answer_loglik']:.3f}", f"{r.get('exact_match', float('nan')):.3f}",
-              f"{r.get('f1', float('nan')):.3f}", f"{r.get('mean_gold_weight', float('nan')):.3f}",
-              f"{r.get('gold_recall_at_k', float('nan')):.3f}", r["lm_calls"])
-             for mode, r in rows.items()]
+    def cell(r, key):  # "—" where a mode did not measure it (no generation, no retrieval)
+        value = r.get(key)
+        return "—" if value is None or np.isnan(value) else f"{value:.3f}"
+
+    table = [(mode, *(cell(r, key) for key in ("mean_answer_loglik", "exact_match", "f1",
+                                               "mean_gold_weight", "gold_recall_at_k")),
+              r["lm_calls"]) for mode, r in rows.items()]
     out = write_results("table3_qa", args.config, payload, table,
                         ("mode", "mean gold-answer loglik", "EM", "F1", "gold λ",
                          "gold in top-k", "LM rows"),
