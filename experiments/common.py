@@ -75,8 +75,9 @@ def pick_config(configs: dict, name: str, overrides: list[str]):
 
 def add_standard_args(ap: argparse.ArgumentParser, configs: dict) -> None:
     ap.add_argument("--config", default="default", help=f"config variant: one of {sorted(configs)}")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="override config fields (values parsed as JSON when possible)")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="override config fields (values parsed as JSON when possible); "
+                         "repeatable: --set k=5 --set seed=1 keeps both")
     ap.add_argument("--out", type=pathlib.Path, default=RESULTS,
                     help="results root; files go to OUT/<experiment>/<config>.{json,md,png}")
     ap.add_argument("--no-progress", action="store_true", help="hide progress bars")

@@ -440,8 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="config file and variant, e.g. experiments/configs/lsr_nq.py:tiny")
     tr.add_argument("--workdir", required=True, type=pathlib.Path,
                     help="run directory: checkpoints, index versions, metrics, LM-score cache")
-    tr.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="override config fields, e.g. --set k=10 gamma=0.5")
+    tr.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="override config fields, e.g. --set k=10 gamma=0.5 (repeatable)")
     tr.add_argument("--max-steps", type=int, default=None,
                     help="stop after this many steps of this invocation (resume later)")
     _add_json(tr)

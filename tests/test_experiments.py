@@ -165,3 +165,21 @@ def test_temperature_sweep_tiny(data, tmp_path):
     rep = _result(tmp_path, "lsr_nq")
     assert rep["steps"] == 2 and rep["dev"]["initial"]["examples"] == 2
     assert 0 <= rep["dev"]["final"]["recall@1"] <= 1
+
+
+def test_repeated_set_flags_accumulate():
+    """`--set a=1 --set b=2` keeps both (argparse's default would keep only the last)."""
+    import argparse
+
+    from experiments.common import add_standard_args
+    from experiments.configs.table1_lm import CONFIGS
+    from replug_jax.cli import build_parser
+
+    ap = argparse.ArgumentParser()
+    add_standard_args(ap, CONFIGS)
+    assert ap.parse_args(["--set", "k=5", "--set", "seed=1", "stride=64"]).set == [
+        "k=5", "seed=1", "stride=64"]
+    assert ap.parse_args([]).set == []
+    cli = build_parser().parse_args(["train-lsr", "--config", "c.py", "--workdir", "w",
+                                     "--set", "k=3", "--set", "remat=true"])
+    assert cli.set == ["k=3", "remat=true"]
