@@ -150,8 +150,9 @@ def _write_readme(folder: pathlib.Path, name: str, differences: str) -> None:
 
 def new_figure(ncols: int = 1, figsize=(5, 3), **kwargs):
     """``(fig, axes)`` from ``plt.subplots`` on the file-only Agg backend (no display)."""
-    import matplotlib
+    from replug_jax.extras import require
 
+    matplotlib = require("matplotlib", "experiments", "plotting experiment results")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

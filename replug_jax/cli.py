@@ -30,49 +30,77 @@ def _emit(args, obj, text: str) -> None:
 
 # -- index ---------------------------------------------------------------------------------
 
-def _load_passages(args):
-    from replug_jax.retrieval.corpus import chunk_documents, demo_corpus, read_documents
+def _passage_store(args, retriever):
+    """The corpus as a passage store in ``<out>.partial/`` (streamed: chunked one document at a
+    time), reused when an interrupted build already wrote it from the same corpus and options.
+    ``--corpus X.arrow`` is a store already made."""
+    from replug_jax.retrieval.corpus import demo_corpus, iter_chunks, iter_documents
+    from replug_jax.retrieval.store import PassageStore, write_json_atomic, write_store
 
     if args.corpus == "demo":
         return demo_corpus(size=args.chunk_size, overlap=args.overlap)
-    docs = read_documents(args.corpus)
-    tokenizer = None
-    if args.chunk_unit == "tokens":
-        from replug_jax.models import load_retriever
-
-        tokenizer = load_retriever(args.retriever).tokenizer
-    return chunk_documents(docs, size=args.chunk_size, overlap=args.overlap,
-                           unit=args.chunk_unit, tokenizer=tokenizer)
+    corpus = pathlib.Path(args.corpus)
+    if corpus.suffix == ".arrow":
+        return corpus
+    work = args.out.with_name(args.out.name + ".partial")
+    work.mkdir(parents=True, exist_ok=True)
+    st = corpus.stat()
+    spec = {"corpus": str(corpus.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "chunk_unit": args.chunk_unit, "chunk_size": args.chunk_size,
+            "overlap": args.overlap}
+    spec_path, store_path = work / "corpus_spec.json", work / "passages.arrow"
+    if spec_path.exists() and json.loads(spec_path.read_text()) == spec:
+        try:
+            PassageStore.open(store_path)
+            return store_path
+        except ValueError:
+            pass
+    tokenizer = retriever.model.tokenizer if args.chunk_unit == "tokens" else None
+    write_store(iter_chunks(iter_documents(corpus), size=args.chunk_size, overlap=args.overlap,
+                            unit=args.chunk_unit, tokenizer=tokenizer),
+                store_path, progress=not args.json)
+    write_json_atomic(spec, spec_path)
+    return store_path
 
 
 def _cmd_index_build(args) -> int:
+    import time
+
     from replug_jax.retrieval.encoder import Retriever
     from replug_jax.retrieval.index import build_index
 
-    passages = _load_passages(args)
+    t0 = time.perf_counter()
     retriever = Retriever.load(args.retriever, similarity=args.similarity,
                                max_length=args.max_length, batch_size=args.batch_size)
-    index = build_index(passages, retriever, args.out, factory=args.factory,
+    passages = _passage_store(args, retriever)
+    index = build_index(passages, retriever, args.out, factory=args.factory, nprobe=args.nprobe,
+                        embeddings=args.embeddings, num_shards=args.shards,
+                        embed_shard_rows=args.embed_shard_rows, train_size=args.train_size,
                         progress=not args.json,
                         extra={"corpus": str(args.corpus), "chunk_unit": args.chunk_unit,
                                "chunk_size": args.chunk_size, "overlap": args.overlap})
     m = index.manifest
-    _emit(args, {"out": str(args.out), **m},
-          f"indexed {m['n']} passages (dim {m['dim']}, {m['factory']}, "
-          f"{m['truncated_passages']} truncated) -> {args.out}")
+    seconds = time.perf_counter() - t0
+    size = sum(f["size"] for f in m["files"].values())
+    _emit(args, {"out": str(args.out), "seconds": round(seconds, 2), "bytes": size, **m},
+          f"indexed {m['n']} passages (dim {m['dim']}, {m['factory']}, {len(m['shards'])} "
+          f"shard(s), {m['truncated_passages']} truncated) -> {args.out}: "
+          f"{size / 2**20:.1f} MiB in {seconds:.1f} s")
+    return 0
+
+
+def _cmd_index_verify(args) -> int:
+    from replug_jax.retrieval.index import Index
+
+    report = Index.verify(args.index)
+    _emit(args, {"index": str(args.index), "ok": True, **report},
+          f"{args.index}: {report['files']} files, {report['bytes'] / 2**20:.1f} MiB, every "
+          "checksum matches")
     return 0
 
 
 def _cmd_index_search(args) -> int:
-    from replug_jax.retrieval.encoder import Retriever
-    from replug_jax.retrieval.index import Index
-
-    index = Index.load(args.index)
-    enc = index.manifest.get("encoder", {})
-    retriever = Retriever.load(args.retriever or enc.get("source", "minilm"),
-                               similarity=enc.get("similarity", "cosine"),
-                               max_length=enc.get("max_length", 512))
-    index = Index.load(args.index, expect_encoder=retriever.identity)
+    retriever, index = _load_index(args.index, args.retriever)
     res = index.search(retriever.encode_queries(args.query), args.k)
     for qi, query in enumerate(args.query):
         hits = [{"id": p.id, "score": float(s), "title": p.title, "text": p.text}
@@ -103,22 +131,31 @@ def _make_lm(args):
     return FlaxLM.load(args.lm, dtype=args.dtype, max_context=args.max_context)
 
 
+def _load_index(directory: pathlib.Path, retriever_source: str | None):
+    """The query encoder recorded in the index manifest (or ``retriever_source``), then the
+    index checked against it: the manifest is read once, the files checked once."""
+    from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.retrieval.index import Index, IndexLoadError
+
+    try:
+        enc = json.loads((directory / "manifest.json").read_text()).get("encoder", {})
+    except (OSError, json.JSONDecodeError) as err:
+        raise IndexLoadError(f"{directory}: unreadable manifest.json ({err})") from err
+    retriever = Retriever.load(retriever_source or enc.get("source", "minilm"),
+                               similarity=enc.get("similarity", "cosine"),
+                               max_length=enc.get("max_length", 512))
+    return retriever, Index.load(directory, expect_encoder=retriever.identity)
+
+
 def _make_pipeline(args, mode: str):
     from replug_jax.replug import Replug
-    from replug_jax.retrieval.encoder import Retriever
-    from replug_jax.retrieval.index import Index
 
     lm = _make_lm(args)
     retriever = index = None
     if mode != "none":
         if args.index is None:
             raise ValueError(f"mode {mode!r} needs --index (build one with `replug index build`)")
-        index = Index.load(args.index)
-        enc = index.manifest.get("encoder", {})
-        retriever = Retriever.load(args.retriever or enc.get("source", "minilm"),
-                                   similarity=enc.get("similarity", "cosine"),
-                                   max_length=enc.get("max_length", 512))
-        index = Index.load(args.index, expect_encoder=retriever.identity)
+        retriever, index = _load_index(args.index, args.retriever)
     return Replug(lm, retriever, index, k=args.k, temperature=args.temperature,
                   separator=args.separator.encode().decode("unicode_escape"), mode=mode,
                   seed=args.seed)
@@ -195,6 +232,10 @@ def _cmd_ask(args) -> int:
     return 0
 
 
+# Docstring snippets are short: 64-word passages and a 256-token encoder limit (7 of 1689
+# passages are cut) encode the demo corpus in well under a minute on 2 CPU cores.
+DEMO_PASSAGE_WORDS = 64
+DEMO_MAX_LENGTH = 256
 DEMO_QUESTIONS = (
     "Which function in the json module parses a JSON string into a Python object?",
     "Which function from the statistics module returns the middle value of numeric data?",
@@ -203,6 +244,8 @@ DEMO_QUESTIONS = (
 
 
 def _cmd_demo(args) -> int:
+    import time
+
     from replug_jax.lm.flax_scorer import FlaxLM
     from replug_jax.prompts import qa_prompt
     from replug_jax.replug import Replug
@@ -210,10 +253,11 @@ def _cmd_demo(args) -> int:
     from replug_jax.retrieval.encoder import Retriever
     from replug_jax.retrieval.index import Index, IndexLoadError, build_index
 
+    t0 = time.perf_counter()
     log = (lambda *a: None) if args.json else print  # noqa: E731
-    passages = demo_corpus()
+    passages = demo_corpus(size=DEMO_PASSAGE_WORDS)
     log(f"corpus: {len(passages)} passages of Python standard-library documentation")
-    retriever = Retriever.load(args.retriever)
+    retriever = Retriever.load(args.retriever, max_length=DEMO_MAX_LENGTH)
     try:
         index = Index.load(args.index_dir, expect_encoder=retriever.identity,
                            expect_corpus_checksum=corpus_checksum(passages))
@@ -238,8 +282,14 @@ def _cmd_demo(args) -> int:
             print(f"\nQ: {q}")
             print(f"LM alone: {closed.text.strip()!r}")
             _print_generation(rep, f"REPLUG (k={args.k})")
+    seconds = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"results": out, "settings": pipe.settings("replug", args.k)}))
+        print(json.dumps({"results": out, "settings": pipe.settings("replug", args.k),
+                          "index": str(args.index_dir), "seconds": round(seconds, 2)}))
+    else:
+        rows = sum(r["cost"]["lm_calls"] + r["cost_without_retrieval"]["lm_calls"] for r in out)
+        print(f"\ndone: {len(out)} question(s), k={args.k}, {len(index)} passages indexed in "
+              f"{args.index_dir}, {rows} LM rows, {seconds:.0f} s in all")
     return 0
 
 
@@ -340,15 +390,32 @@ def build_parser() -> argparse.ArgumentParser:
                         "retriever (resumable) and write a FAISS index directory.")
     b.add_argument("--corpus", required=True,
                    help="corpus file (.jsonl with id/text/title, .txt one document per line, "
-                   ".parquet), or 'demo' for the built-in Python-docs corpus")
+                   ".parquet, DPR .tsv with an id/text/title header), a passage store "
+                   "(.arrow) from an earlier build, or 'demo' for the built-in Python-docs "
+                   "corpus; read as a stream")
     b.add_argument("--retriever", default="minilm",
                    help="retriever: packaged name, HF folder or hub id (default: minilm)")
     b.add_argument("--out", required=True, type=pathlib.Path, help="index directory to write")
     b.add_argument("--factory", default="Flat",
-                   help="faiss.index_factory string: Flat (exact, default), IVF1024,Flat, "
-                   "HNSW32, IVF256,PQ16, ...")
-    b.add_argument("--chunk-unit", choices=("words", "tokens"), default="words",
-                   help="chunk passages by words (DPR, default) or retriever tokens (REPLUG)")
+                   help="faiss.index_factory string: Flat (exact, default), IVF4096,Flat, "
+                   "IVF4096,PQ48, OPQ48,IVF4096,PQ48, HNSW32, ...")
+    b.add_argument("--nprobe", type=int, default=16,
+                   help="IVF lists searched per query (default 16): recall against speed")
+    b.add_argument("--shards", type=int, default=1,
+                   help="FAISS shards over contiguous passage ranges, built independently "
+                   "(by process s mod P in a multi-process run) and merged exactly at search")
+    b.add_argument("--embeddings", type=pathlib.Path, default=None,
+                   help="index these [N, D] float32/float16 .npy embeddings (row i = passage "
+                   "i) instead of embedding the corpus")
+    b.add_argument("--embed-shard-rows", type=int, default=65536,
+                   help="passages per embedding shard: the unit of resumption and of work "
+                   "split between processes (default 65536)")
+    b.add_argument("--train-size", type=int, default=None,
+                   help="vectors sampled to train IVF/PQ (default: 64 per IVF list, at least "
+                   "16384)")
+    b.add_argument("--chunk-unit", choices=("words", "tokens", "none"), default="words",
+                   help="chunk passages by words (DPR, default), retriever tokens (REPLUG), or "
+                   "none (each record is already a passage, e.g. DPR's psgs_w100.tsv)")
     b.add_argument("--chunk-size", type=int, default=100,
                    help="passage length in chunk units (default 100; the paper uses 128 tokens)")
     b.add_argument("--overlap", type=int, default=0, help="units shared by adjacent passages")
@@ -356,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cosine (paper Eq. 1, default) or raw dot product (official code)")
     b.add_argument("--max-length", type=int, default=512,
                    help="encoder token limit; longer passages are truncated and counted")
-    b.add_argument("--batch-size", type=int, default=32, help="encoding batch size")
+    b.add_argument("--batch-size", type=int, default=None,
+                   help="encoding batch size (default: 8 on CPU, 64 on GPU/TPU)")
     _add_json(b)
     b.set_defaults(func=_cmd_index_build)
     s = isub.add_parser("search", help="print the top-k passages for queries",
@@ -368,6 +436,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="query encoder (default: the one recorded in the index manifest)")
     _add_json(s)
     s.set_defaults(func=_cmd_index_search)
+    v = isub.add_parser("verify", help="hash every file of an index against its manifest",
+                        description="Full integrity check: every file's size and SHA-256 "
+                        "against the manifest (loading checks sizes and hashes only small or "
+                        "modified files).")
+    v.add_argument("index", type=pathlib.Path, help="index directory")
+    _add_json(v)
+    v.set_defaults(func=_cmd_index_verify)
 
     sc = sub.add_parser("score", help="REPLUG log-likelihood of continuations (perplexity, BPB)",
                         description="Score each JSONL line {context, continuation, query?} with "
@@ -458,12 +533,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(args) -> None:
+    """Reject bad arguments before any model loads: one clear line per problem."""
+    def positive(name: str, flag: str, strict: bool = True) -> None:
+        value = getattr(args, name, None)
+        if value is not None and (value <= 0 if strict else value < 0):
+            raise ValueError(f"{flag} must be {'positive' if strict else '>= 0'}, got {value}")
+
+    positive("k", "-k")
+    positive("temperature", "--temperature")
+    positive("batch", "--batch")
+    positive("batch_size", "--batch-size")
+    positive("max_length", "--max-length")
+    positive("max_context", "--max-context")
+    positive("chunk_size", "--chunk-size")
+    positive("nprobe", "--nprobe")
+    positive("shards", "--shards")
+    positive("embed_shard_rows", "--embed-shard-rows")
+    positive("train_size", "--train-size")
+    positive("max_steps", "--max-steps")
+    positive("max_new_tokens", "--max-new-tokens", strict=False)
+    positive("temperature_sample", "--temperature-sample", strict=False)
+    positive("overlap", "--overlap", strict=False)
+    if getattr(args, "top_p", None) is not None and not 0.0 < args.top_p <= 1.0:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if getattr(args, "chunk_size", None) and args.overlap >= args.chunk_size:
+        raise ValueError(f"--overlap ({args.overlap}) must be smaller than --chunk-size "
+                         f"({args.chunk_size})")
+    if getattr(args, "port", None) is not None and not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    files = {"input": "--input", "embeddings": "--embeddings"}
+    if getattr(args, "corpus", "demo") != "demo":
+        files["corpus"] = "--corpus"
+    for name, flag in files.items():
+        path = getattr(args, name, None)
+        if path is not None and not pathlib.Path(path).is_file():
+            raise FileNotFoundError(f"{flag} {path}: no such file")
+    index = getattr(args, "index", None)
+    if index is not None and not pathlib.Path(index).is_dir():
+        raise FileNotFoundError(f"{index}: no such index directory")
+    config = getattr(args, "config", None)
+    if config is not None and not pathlib.Path(config.split(":")[0]).is_file():
+        raise FileNotFoundError(f"--config {config.split(':')[0]}: no such file")
+    workdir = getattr(args, "workdir", None)
+    if args.command == "export-retriever" and not pathlib.Path(workdir).is_dir():
+        raise FileNotFoundError(f"--workdir {workdir}: no such run directory")
+    if args.command == "serve":
+        from replug_jax.extras import require
+
+        require("fastapi", "serve", "replug serve")
+        require("uvicorn", "serve", "replug serve")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from replug_jax.extras import MissingExtraError
+
     args = build_parser().parse_args(argv)
-    _setup_jax()
     try:
+        check_args(args)
+        _setup_jax()
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, MissingExtraError) as err:
         print(f"replug: error: {err}", file=sys.stderr)
         return 2
 

@@ -180,6 +180,26 @@ class Replug:
             text = self.lm.truncate(text, budget)
             self.truncated_documents += 1
 
+    @staticmethod
+    def _random_passages(store, k: int, excluded: set[int], rng) -> list:
+        """Up to ``k`` distinct passages drawn uniformly from the store, none in ``excluded``:
+        rows are drawn in a random order without materialising the corpus."""
+        n = len(store)
+        if len(excluded) < n // 2:  # rejection sampling: cheap for any N
+            picks, seen = [], set()
+            while len(picks) < k and len(seen) < n:
+                row = int(rng.integers(n))
+                if row in seen:
+                    continue
+                seen.add(row)
+                p = store.row(row)
+                if p.id not in excluded:
+                    picks.append(p)
+            return picks
+        allowed = [p for p in store if p.id not in excluded]
+        pick = rng.choice(len(allowed), size=min(k, len(allowed)), replace=False)
+        return [allowed[int(i)] for i in pick]
+
     def _budget(self, context: str, reserve: int) -> int:
         if self.lm.max_context is None:
             return 1 << 30
@@ -208,12 +228,11 @@ class Replug:
             rng = np.random.default_rng(self.seed)
             out = []
             excluded = per_query_exclusions(exclude_ids, len(contexts))
+            store = self.index.passages
             for qi, (c, r) in enumerate(zip(contexts, reserves)):
-                allowed = [p for p in self.index.passages if p.id not in excluded[qi]]
-                if not allowed:
+                ps = self._random_passages(store, k, excluded[qi], rng)
+                if not ps:
                     raise ValueError(f"query {qi}: every passage is excluded")
-                pick = rng.choice(len(allowed), size=min(k, len(allowed)), replace=False)
-                ps = [allowed[int(i)] for i in pick]
                 budget = self._budget(c, r)
                 out.append(Branches([self._compose(corpus_text(p), c, budget, r) for p in ps],
                                     np.full(len(ps), -np.log(len(ps)), np.float32), ps,

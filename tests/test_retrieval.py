@@ -127,9 +127,9 @@ def test_resume_after_interruption_is_byte_identical(tmp_path):
     calls = {"n": 0}
     original = retriever.encode
 
-    def counting(batch, params=None):
+    def counting(batch, params=None, on_batch=None):
         calls["n"] += len(batch)
-        return original(batch, params)
+        return original(batch, params, on_batch)
 
     retriever.encode = counting
     resumed = retriever.encode_to_file(texts, tmp_path / "part.npy", block_size=8,
@@ -198,9 +198,10 @@ def test_save_load_and_refusals(tmp_path, minilm, demo_embeddings):
         Index.load(d, expect_encoder=other)
     with pytest.raises(IndexLoadError, match="different corpus"):
         Index.load(d, expect_corpus_checksum="f" * 64)
-    raw = bytearray((d / "index.faiss").read_bytes())
+    shard = d / "shard-00000" / "index.faiss"
+    raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
-    (d / "index.faiss").write_bytes(bytes(raw))
+    shard.write_bytes(bytes(raw))
     with pytest.raises(IndexLoadError, match="index.faiss: checksum mismatch"):
         Index.load(d)
     (d / "manifest.json").unlink()

@@ -8,33 +8,35 @@ Implements ``POST /v1/completions`` with ``prompt`` (string or list), ``max_toke
 can put any local model behind it.
 """
 
-from __future__ import annotations
-
 import threading
 import time
 import uuid
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
 
+from replug_jax.extras import require
 from replug_jax.lm.flax_scorer import FlaxLM
 
 
-class CompletionRequest(BaseModel):
+def _request_model():
     """The subset of OpenAI's legacy completions request we implement (plus vLLM's
-    ``prompt_logprobs``)."""
+    ``prompt_logprobs``), as a pydantic model (pydantic comes with the ``serve`` extra)."""
+    pydantic = require("pydantic", "serve", "replug serve")
 
-    model: str | None = None
-    prompt: str | list[str]
-    max_tokens: int = 16
-    echo: bool = False
-    logprobs: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    prompt_logprobs: int | None = None
+    class CompletionRequest(pydantic.BaseModel):
+        model: str | None = None
+        prompt: str | list[str]
+        max_tokens: int = 16
+        echo: bool = False
+        logprobs: int | None = None
+        temperature: float = 1.0
+        top_p: float = 1.0
+        stop: str | list[str] | None = None
+        seed: int | None = None
+        prompt_logprobs: int | None = None
+
+    return CompletionRequest
 
 
 def _tokens_with_offsets(lm: FlaxLM, text: str) -> tuple[list[int], list[str], list[int]]:
@@ -79,8 +81,9 @@ def _logprob_block(lm: FlaxLM, ids: list[int], strings: list[str], offsets: list
 
 def create_app(lm: FlaxLM, model_name: str | None = None):
     """The FastAPI application serving ``lm``. Requests run one at a time (one device)."""
-    from fastapi import FastAPI, HTTPException
-
+    fastapi = require("fastapi", "serve", "replug serve")
+    FastAPI, HTTPException = fastapi.FastAPI, fastapi.HTTPException
+    CompletionRequest = _request_model()
     name = model_name or lm.name
     lock = threading.Lock()
     app = FastAPI(title="replug-jax LM server", version="1")
@@ -151,6 +154,5 @@ def create_app(lm: FlaxLM, model_name: str | None = None):
 
 def serve(lm: FlaxLM, host: str = "127.0.0.1", port: int = 8000,
           model_name: str | None = None) -> None:
-    import uvicorn
-
+    uvicorn = require("uvicorn", "serve", "replug serve")
     uvicorn.run(create_app(lm, model_name), host=host, port=port, log_level="info")

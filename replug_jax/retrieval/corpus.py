@@ -1,4 +1,5 @@
-"""Corpora: reading JSONL / text / Parquet, chunking into passages, the built-in demo corpus.
+"""Corpora: streaming JSONL / text / Parquet / DPR TSV readers, chunking into passages, and
+the built-in demo corpus.
 
 A :class:`Passage` keeps its stable integer id, the id of the source document it came from and
 its character offsets there, so results can always be traced back to the original text.
@@ -6,6 +7,7 @@ its character offsets there, so results can always be traced back to the origina
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
 import importlib
@@ -41,54 +43,104 @@ class CorpusError(ValueError):
     """A corpus that cannot be used: the message names the file and the problem."""
 
 
-def read_documents(path: str | pathlib.Path) -> list[Document]:
-    """Read ``.jsonl`` (``{"id","text","title"?}``), ``.parquet`` or plain text (one per line).
+def iter_documents(path: str | pathlib.Path) -> Iterator[Document]:
+    """Stream documents from ``.jsonl`` (``{"id","text","title"?}``), ``.parquet`` (columns
+    ``text`` and optionally ``id``, ``title``), ``.tsv`` (DPR's ``psgs_w100.tsv``: a header
+    naming ``id``, ``text`` and optionally ``title``, fields quoted as by ``csv``) or plain text
+    (one document per line). One record batch or line at a time: memory does not grow with the
+    file.
 
-    Empty lines and records with empty text are skipped with a warning; lines that are not
-    UTF-8 or not valid JSON raise :class:`CorpusError` naming the line.
+    Records with empty text are skipped with a warning at the end; a line that is not UTF-8,
+    not valid JSON or lacks a field raises :class:`CorpusError` naming the file and line.
     """
     path = pathlib.Path(path)
     if not path.exists():
         raise CorpusError(f"{path}: no such corpus file")
-    docs: list[Document] = []
     skipped = 0
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path).to_pylist()
-        for i, row in enumerate(table):
-            if "text" not in row:
-                raise CorpusError(f"{path}: row {i} has no 'text' column")
-            if not str(row["text"] or "").strip():
-                skipped += 1
-                continue
-            docs.append(Document(str(row.get("id", i)), str(row["text"]),
-                                 str(row.get("title") or "")))
-    else:
-        raw = path.read_bytes()
-        for lineno, line in enumerate(raw.split(b"\n"), start=1):
-            try:
-                text = line.decode("utf-8").rstrip("\r")
-            except UnicodeDecodeError as err:
-                raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({err})") from err
-            if not text.strip():
-                continue
-            if path.suffix == ".jsonl":
-                try:
-                    rec = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise CorpusError(f"{path}:{lineno}: not valid JSON ({err})") from err
-                if not isinstance(rec, dict) or "text" not in rec:
-                    raise CorpusError(f"{path}:{lineno}: expected an object with a 'text' field")
-                if not str(rec["text"]).strip():
+        pf = pq.ParquetFile(path)
+        if "text" not in pf.schema_arrow.names:
+            raise CorpusError(f"{path}: no 'text' column (columns: {pf.schema_arrow.names})")
+        row = 0
+        for batch in pf.iter_batches(batch_size=8192):
+            cols = batch.to_pydict()
+            for j, text in enumerate(cols["text"]):
+                if not str(text or "").strip():
                     skipped += 1
+                else:
+                    doc_id = cols["id"][j] if "id" in cols else row + j
+                    yield Document(str(doc_id), str(text), str((cols.get("title") or
+                                                                [""] * (j + 1))[j] or ""))
+            row += batch.num_rows
+    elif path.suffix == ".tsv":
+        yield from _iter_tsv(path)
+    else:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, start=1):
+                try:
+                    text = line.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as err:
+                    raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({err})") from err
+                if not text.strip():
                     continue
-                docs.append(Document(str(rec.get("id", lineno)), str(rec["text"]),
-                                     str(rec.get("title") or "")))
-            else:
-                docs.append(Document(str(lineno), text))
+                if path.suffix == ".jsonl":
+                    try:
+                        rec = json.loads(text)
+                    except json.JSONDecodeError as err:
+                        raise CorpusError(f"{path}:{lineno}: not valid JSON ({err})") from err
+                    if not isinstance(rec, dict) or "text" not in rec:
+                        raise CorpusError(f"{path}:{lineno}: expected an object with a 'text' "
+                                          "field")
+                    if not str(rec["text"]).strip():
+                        skipped += 1
+                        continue
+                    yield Document(str(rec.get("id", lineno)), str(rec["text"]),
+                                   str(rec.get("title") or ""))
+                else:
+                    yield Document(str(lineno), text)
     if skipped:
         warnings.warn(f"{path}: skipped {skipped} record(s) with empty text", stacklevel=2)
+
+
+def _iter_tsv(path: pathlib.Path) -> Iterator[Document]:
+    """DPR TSV: ``id<TAB>text<TAB>title`` (or ``id<TAB>text``) under a header line."""
+    csv.field_size_limit(1 << 30)
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = csv.reader(f, delimiter="\t")
+        try:
+            header = next(rows)
+        except StopIteration:
+            return
+        except (UnicodeDecodeError, csv.Error) as err:
+            raise CorpusError(f"{path}:1: unreadable header ({err})") from err
+        names = [h.strip().lower() for h in header]
+        if "id" not in names or "text" not in names:
+            raise CorpusError(f"{path}:1: the header must name the columns 'id' and 'text' "
+                              f"(and optionally 'title'), got {header}")
+        i_id, i_text = names.index("id"), names.index("text")
+        i_title = names.index("title") if "title" in names else None
+        while True:
+            try:
+                fields = next(rows)
+            except StopIteration:
+                return
+            except (UnicodeDecodeError, csv.Error) as err:
+                raise CorpusError(f"{path}:{rows.line_num}: unreadable row ({err})") from err
+            if not fields:
+                continue
+            if len(fields) != len(names):
+                raise CorpusError(f"{path}:{rows.line_num}: {len(fields)} field(s) where the "
+                                  f"header has {len(names)} ({', '.join(names)})")
+            yield Document(fields[i_id], fields[i_text],
+                           fields[i_title] if i_title is not None else "")
+
+
+def read_documents(path: str | pathlib.Path) -> list[Document]:
+    """All documents of a corpus file as a list (see :func:`iter_documents`); raises
+    :class:`CorpusError` when there are none."""
+    docs = list(iter_documents(path))
     if not docs:
         raise CorpusError(f"{path}: the corpus is empty (no non-empty documents)")
     return docs
@@ -98,22 +150,28 @@ def _spans_words(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(r"\S+", text)]
 
 
-def chunk_documents(docs: Iterable[Document], *, size: int = 100, overlap: int = 0,
-                    unit: str = "words", tokenizer=None) -> list[Passage]:
-    """Split documents into passages of ``size`` words (DPR: 100) or tokens (REPLUG: 128).
+def iter_chunks(docs: Iterable[Document], *, size: int = 100, overlap: int = 0,
+                unit: str = "words", tokenizer=None, first_id: int = 0) -> Iterator[Passage]:
+    """Stream passages of ``size`` words (DPR: 100) or tokens (REPLUG: 128) from documents.
 
     ``overlap`` units are shared between consecutive passages. Token chunking needs a
-    ``tokenizer`` with offset mapping (any HF fast tokenizer). Ids are 0..N-1 in order.
+    ``tokenizer`` with offset mapping (any HF fast tokenizer). ``unit="none"`` keeps each
+    document whole as one passage (corpora that are already passages, such as DPR's TSV). Ids
+    are ``first_id, first_id+1, ...`` in order.
     """
-    if size <= 0 or not 0 <= overlap < size:
+    if unit not in ("words", "tokens", "none"):
+        raise ValueError(f"unit must be 'words', 'tokens' or 'none', got {unit!r}")
+    if unit != "none" and (size <= 0 or not 0 <= overlap < size):
         raise ValueError(f"need size > 0 and 0 <= overlap < size, got {size=} {overlap=}")
-    if unit not in ("words", "tokens"):
-        raise ValueError(f"unit must be 'words' or 'tokens', got {unit!r}")
     if unit == "tokens" and tokenizer is None:
         raise ValueError("token chunking needs a tokenizer")
-    passages: list[Passage] = []
+    next_id = first_id
     step = size - overlap
     for doc in docs:
+        if unit == "none":
+            yield Passage(next_id, doc.text, doc.title, doc.id, 0, len(doc.text))
+            next_id += 1
+            continue
         if unit == "words":
             spans = _spans_words(doc.text)
         else:
@@ -124,32 +182,37 @@ def chunk_documents(docs: Iterable[Document], *, size: int = 100, overlap: int =
             if not window:
                 break
             start, end = window[0][0], window[-1][1]
-            passages.append(Passage(len(passages), doc.text[start:end], doc.title, doc.id,
-                                    start, end))
+            yield Passage(next_id, doc.text[start:end], doc.title, doc.id, start, end)
+            next_id += 1
+
+
+def chunk_documents(docs: Iterable[Document], **kwargs) -> list[Passage]:
+    """:func:`iter_chunks` as a list; raises :class:`CorpusError` when there are none."""
+    passages = list(iter_chunks(docs, **kwargs))
     if not passages:
         raise CorpusError("chunking produced no passages (all documents empty?)")
     return passages
 
 
-def corpus_checksum(passages: list[Passage]) -> str:
-    h = hashlib.sha256()
+class PassageHasher:
+    """The corpus checksum, fed one passage at a time (SHA-256 over each passage's JSON)."""
+
+    def __init__(self):
+        self._h = hashlib.sha256()
+
+    def update(self, p: Passage) -> None:
+        self._h.update(json.dumps(p.to_json(), sort_keys=True).encode())
+        self._h.update(b"\n")
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def corpus_checksum(passages: Iterable[Passage]) -> str:
+    h = PassageHasher()
     for p in passages:
-        h.update(json.dumps(p.to_json(), sort_keys=True).encode())
-        h.update(b"\n")
+        h.update(p)
     return h.hexdigest()
-
-
-def write_passages(passages: list[Passage], path: pathlib.Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for p in passages:
-            f.write(json.dumps(p.to_json(), ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
-def read_passages(path: pathlib.Path) -> list[Passage]:
-    with open(path, encoding="utf-8") as f:
-        return [Passage(**json.loads(line)) for line in f if line.strip()]
 
 
 # -- the built-in demo corpus: the Python standard library's own documentation -------------
@@ -168,6 +231,27 @@ DEMO_MODULES = (
 
 def _clean(doc: str) -> str:
     return re.sub(r"\s+", " ", doc).strip()
+
+
+class _Elided:
+    def __repr__(self) -> str:
+        return "..."
+
+
+_LITERALS = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _stable_signature(obj) -> str:
+    """``inspect.signature`` text with run-time defaults elided: a default such as
+    ``logging.shutdown``'s list of live handlers depends on what the process has imported, and
+    would make the demo corpus (and its checksum) differ from one run to the next."""
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return ""
+    params = [p.replace(default=_Elided()) if p.default is not p.empty
+              and not isinstance(p.default, _LITERALS) else p for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params))
 
 
 def python_docs_documents(modules: Iterable[str] = DEMO_MODULES,
@@ -198,10 +282,7 @@ def python_docs_documents(modules: Iterable[str] = DEMO_MODULES,
             obj_doc = inspect.getdoc(obj)
             if not obj_doc or len(obj_doc) < 40:
                 continue
-            try:
-                sig = re.sub(r" at 0x[0-9a-f]+", "", str(inspect.signature(obj)))
-            except (TypeError, ValueError):
-                sig = ""
+            sig = _stable_signature(obj)
             qual = f"{mod_name}.{name}"
             yield Document(qual, f"{qual}{sig}: {_clean(obj_doc)}", qual)
 

@@ -1,10 +1,11 @@
 """Batched, bucketed, resumable text encoding with the BERT retriever (paper §3.1, Eq. 1).
 
 Texts are tokenised, sorted by length inside each block, and padded to one of a few length
-buckets with a fixed batch size, so ``jit`` compiles once per bucket and never per batch.
-Corpus embeddings go to a ``.npy`` memmap block by block; a small progress file records the
-finished blocks, so an interrupted run resumes where it stopped and produces byte-identical
-output.
+buckets with a fixed batch size, so ``jit`` compiles once per bucket and never per batch. On
+GPUs and TPUs each batch is split over every local device (one jitted step over a ``("data",)``
+mesh of the process's devices). Corpus embeddings go to a ``.npy`` memmap block by block; a
+small progress file records the finished blocks, so an interrupted run resumes where it stopped
+and produces byte-identical output.
 """
 
 from __future__ import annotations
@@ -22,7 +23,26 @@ from tqdm.auto import tqdm
 
 from replug_jax.models import RetrieverModel, load_retriever, pool
 
-BUCKETS = (16, 32, 64, 128, 256, 512)
+# Padding lengths. Finer steps than powers of two: on 2 CPU cores the demo corpus encodes in
+# 27 s with these against 38 s with (16, 32, 64, ..., 512), for a few more compilations.
+BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def default_batch_size() -> int:
+    """8 on CPU (measured: 19 s for the demo corpus against 27 s at 32, since small batches
+    stay in cache), 64 on accelerators."""
+    return 8 if jax.default_backend() == "cpu" else 64
+
+
+def _local_mesh(devices) -> jax.sharding.Mesh | None:
+    """A ``("data",)`` mesh over ``devices`` (default: every local device on GPU/TPU; one
+    device on CPU, where several devices are simulated on the same cores and buy nothing)."""
+    if devices is None:
+        devices = jax.local_devices() if jax.default_backend() != "cpu" else jax.local_devices()[:1]
+    if len(devices) <= 1:
+        return None
+    return jax.sharding.Mesh(np.array(devices), ("data",),
+                             axis_types=(jax.sharding.AxisType.Auto,))
 
 
 class Retriever:
@@ -33,13 +53,16 @@ class Retriever:
     """
 
     def __init__(self, model: RetrieverModel, *, similarity: str = "cosine",
-                 max_length: int = 512, batch_size: int = 32):
+                 max_length: int = 512, batch_size: int | None = None, devices=None):
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
         self.model = model
         self.similarity = similarity
         self.max_length = min(max_length, model.config.max_position)
-        self.batch_size = batch_size
+        self.mesh = _local_mesh(devices)
+        n_dev = 1 if self.mesh is None else self.mesh.devices.size
+        batch_size = batch_size or default_batch_size()
+        self.batch_size = -(-batch_size // n_dev) * n_dev  # a multiple of the device count
         self.buckets = tuple(b for b in BUCKETS if b < self.max_length) + (self.max_length,)
         self.truncated = 0  # texts cut to max_length since creation
         from replug_jax.train.lsr import split_params, to_module
@@ -89,12 +112,19 @@ class Retriever:
     def _bucket(self, length: int) -> int:
         return next(b for b in self.buckets if b >= length)
 
-    def encode_ids(self, ids: list[list[int]], params=None) -> np.ndarray:
+    def encode_ids(self, ids: list[list[int]], params=None,
+                   on_batch: Callable[[int], None] | None = None) -> np.ndarray:
         """``[N, D]`` float32 embeddings of pre-tokenised texts, in input order.
 
         ``params`` (a nested dict like :attr:`params`) overrides the loaded weights, e.g. to
-        embed with a training snapshot."""
+        embed with a training snapshot. ``on_batch(rows)`` is called after every batch (for
+        progress bars)."""
         state = self.params if params is None else params
+        if self.mesh is not None:
+            rows_sharding = jax.sharding.NamedSharding(self.mesh,
+                                                       jax.sharding.PartitionSpec("data"))
+            state = jax.device_put(state, jax.sharding.NamedSharding(
+                self.mesh, jax.sharding.PartitionSpec()))
         out = np.zeros((len(ids), self.dim), np.float32)
         order = np.argsort([len(s) for s in ids], kind="stable")
         pad = self.model.config.pad_token_id
@@ -107,12 +137,19 @@ class Retriever:
                 batch[j, :len(ids[r])] = ids[r]
                 mask[j, :len(ids[r])] = 1
             mask[len(rows):, 0] = 1  # filler rows: one token, so pooling stays finite
-            emb = self._encode(state, jnp.asarray(batch), jnp.asarray(mask))
-            out[rows] = np.asarray(emb[: len(rows)])  # device -> host
+            if self.mesh is None:
+                batch, mask = jnp.asarray(batch), jnp.asarray(mask)
+            else:
+                batch, mask = jax.device_put((batch, mask), rows_sharding)
+            emb = self._encode(state, batch, mask)
+            out[rows] = np.asarray(emb)[: len(rows)]  # device -> host
+            if on_batch is not None:
+                on_batch(len(rows))
         return out
 
-    def encode(self, texts: Sequence[str], params=None) -> np.ndarray:
-        return self.encode_ids(self.tokenize(texts), params)
+    def encode(self, texts: Sequence[str], params=None,
+               on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+        return self.encode_ids(self.tokenize(texts), params, on_batch)
 
     encode_queries = encode
 
@@ -152,17 +189,16 @@ class Retriever:
             np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, self.dim))
         out = np.load(path, mmap_mode="r+")
         blocks = range(0, (n + block_size - 1) // block_size)
-        bar = tqdm(total=n, desc="encoding", unit="passage", disable=not progress)
+        bar = encoding_bar(n, progress)
         bar.update(sum(min(block_size, n - b * block_size) for b in done))
         for b in blocks:
             if b in done:
                 continue
             lo, hi = b * block_size, min(n, (b + 1) * block_size)
-            out[lo:hi] = self.encode(texts[lo:hi], params)
+            out[lo:hi] = self.encode(texts[lo:hi], params, on_batch=bar.update)
             out.flush()
             done.add(b)
             self._write_progress(progress_path, identity, done)
-            bar.update(hi - lo)
             if on_block is not None:
                 on_block(b)
         bar.close()
@@ -175,3 +211,9 @@ class Retriever:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps({"identity": identity, "done": sorted(done)}))
         os.replace(tmp, path)
+
+
+def encoding_bar(total: int, enabled: bool = True, desc: str = "encoding"):
+    """A progress bar that advances per batch, with passages/s and the time left."""
+    return tqdm(total=total, desc=desc, unit="passage", disable=not enabled, smoothing=0.1,
+                mininterval=0.5, dynamic_ncols=True)

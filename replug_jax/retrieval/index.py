@@ -1,11 +1,23 @@
-"""Dense index over FAISS (host) with an exact JAX top-k oracle (device).
+"""Dense indexes at any scale: FAISS shards over a memory-mapped passage store, and exact
+top-k in JAX over a device-sharded embedding matrix.
 
-The :class:`Index` stores vectors in FAISS — exact inner product by default (cosine, since
-the retriever normalises embeddings), or any ``faiss.index_factory`` string (``IVF1024,Flat``,
-``HNSW32``, ``IVF256,PQ16``) for scale; it moves to the GPUs when FAISS sees any. An index
-directory holds ``index.faiss`` (FAISS's own format, no pickle), ``ids.npy``,
-``passages.jsonl`` and ``manifest.json``; it is written to a temporary folder and renamed, and
-loading checks checksums and refuses an index built by another encoder or from another corpus.
+An index directory::
+
+    manifest.json            encoder, factory, dim, n, corpus checksum, shards, file table
+    passages.arrow/.json     the passage store (memory-mapped, see retrieval/store.py)
+    shard-00000/index.faiss  FAISS index of rows lo..hi-1 (labels are rows - lo)
+    shard-00000/shard.json   its range, encoder and corpus, so a stray shard is refused
+
+Every FAISS shard covers a contiguous range of store rows and is built, trained and saved on
+its own (on any host); a search queries every shard and merges their top-k exactly. FAISS is
+exact inner product by default (cosine, since the retriever normalises embeddings) or any
+``faiss.index_factory`` string (``IVF4096,Flat``, ``IVF4096,PQ48``, ``OPQ48,IVF4096,PQ48``):
+quantizers are trained on a seeded sample sized from ``nlist`` and vectors are added in
+batches read from memmaps, so peak memory is about the index's own bytes plus one batch.
+
+Loading memory-maps the FAISS files and the store. It checks every file's size, hashes the
+small ones, and hashes a large one in full only when its size or mtime differs from the
+manifest; ``replug index verify`` (:meth:`Index.verify`) hashes everything.
 """
 
 from __future__ import annotations
@@ -13,22 +25,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import pathlib
 import shutil
 import warnings
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replug_jax.retrieval.corpus import Passage, corpus_checksum, read_passages, write_passages
+from replug_jax.retrieval.corpus import Passage
+from replug_jax.retrieval.store import PassageStore, write_json_atomic
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+SMALL_FILE_BYTES = 64 << 20  # always hashed on load
+STORE = "passages.arrow"
 
 
 class IndexLoadError(ValueError):
-    """A missing, corrupt or mismatched index directory."""
+    """A missing, corrupt or mismatched index directory or embeddings file."""
 
 
 @dataclasses.dataclass
@@ -50,36 +66,78 @@ def _sha256(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def exact_topk(queries_BD, corpus_ND, k: int, block: int = 65536):
-    """Exact maximum-inner-product top-k in JAX: the oracle FAISS is tested against.
+# -- exact top-k in JAX ----------------------------------------------------------------------
 
-    The corpus is scanned in blocks of ``block`` rows (``lax.map``), each block's top-k kept,
-    then merged, so memory is ``O(B·block)``; on a mesh, shard ``corpus_ND`` along N and jit
-    distributes the blocks. Returns ``(scores [B, k], ids [B, k])``.
-    """
-    q = jnp.asarray(queries_BD, jnp.float32)
-    c = jnp.asarray(corpus_ND, jnp.float32)
-    n = c.shape[0]
-    k = min(k, n)
+def _blocked_topk(q_BD, c_ND, k: int, block: int, n_valid, offset):
+    """Top-k of ``q_BD @ c_ND.T`` scanning ``c_ND`` in blocks (memory ``O(B·block)``); rows
+    ``>= n_valid`` are ignored and ``offset`` is added to the returned row numbers."""
+    n = c_ND.shape[0]
     block = min(block, n)
     n_blocks = -(-n // block)
-    pad = n_blocks * block - n
-    c_blocks = jnp.pad(c, ((0, pad), (0, 0))).reshape(n_blocks, block, -1)
-    offsets = jnp.arange(n_blocks) * block
+    c_blocks = jnp.pad(c_ND, ((0, n_blocks * block - n), (0, 0))).reshape(n_blocks, block, -1)
+    starts = jnp.arange(n_blocks) * block
     kb = min(k, block)
 
     def one_block(args):
-        cb, off = args
-        s = q @ cb.T
-        s = jnp.where(off + jnp.arange(block)[None, :] < n, s, -jnp.inf)
+        cb, start = args
+        s = jnp.dot(q_BD.astype(cb.dtype), cb.T, preferred_element_type=jnp.float32)
+        s = jnp.where(start + jnp.arange(block)[None, :] < n_valid, s, -jnp.inf)
         vals, idx = jax.lax.top_k(s, kb)
-        return vals, idx + off
+        return vals, idx + start + offset
 
-    vals, idx = jax.lax.map(one_block, (c_blocks, offsets))  # [nb, B, kb]
-    vals = jnp.moveaxis(vals, 0, 1).reshape(q.shape[0], -1)
-    idx = jnp.moveaxis(idx, 0, 1).reshape(q.shape[0], -1)
-    top_vals, pos = jax.lax.top_k(vals, k)
-    return top_vals, jnp.take_along_axis(idx, pos, axis=1)
+    vals, idx = jax.lax.map(one_block, (c_blocks, starts))  # [nb, B, kb]
+    vals = jnp.moveaxis(vals, 0, 1).reshape(q_BD.shape[0], -1)
+    idx = jnp.moveaxis(idx, 0, 1).reshape(q_BD.shape[0], -1)
+    top, pos = jax.lax.top_k(vals, min(k, vals.shape[1]))
+    return top, jnp.take_along_axis(idx, pos, axis=1)
+
+
+def exact_topk(queries_BD, corpus_ND, k: int, block: int = 65536):
+    """Exact maximum-inner-product top-k in JAX on one device: the oracle FAISS is tested
+    against. Returns ``(scores [B, k], rows [B, k])``."""
+    q = jnp.asarray(queries_BD, jnp.float32)
+    c = jnp.asarray(corpus_ND)
+    return _blocked_topk(q, c, min(k, c.shape[0]), block, c.shape[0], 0)
+
+
+def shard_corpus(corpus_ND, mesh: jax.sharding.Mesh, *, axis: str = "data",
+                 dtype=jnp.bfloat16):
+    """Place ``corpus_ND`` on ``mesh`` split along N (padded to a multiple of the device
+    count), in ``dtype``. Returns ``(array [N_pad, D], n)``; each device holds N/d rows."""
+    c = np.asarray(corpus_ND)
+    d = mesh.shape[axis]
+    pad = -len(c) % d
+    if pad:
+        c = np.concatenate([c, np.zeros((pad, c.shape[1]), c.dtype)])
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
+    return jax.device_put(jnp.asarray(c, dtype), sharding), len(corpus_ND)
+
+
+def sharded_topk(queries_BD, corpus_ND: jax.Array, k: int, n_valid: int,
+                 mesh: jax.sharding.Mesh, *, axis: str = "data", block: int = 65536):
+    """Exact top-k over a corpus sharded along N on ``mesh`` (from :func:`shard_corpus`).
+
+    Each device takes the top-k of its own rows (``lax.top_k`` over blocks), the per-device
+    candidates are gathered (``all_gather``, k·d per query) and merged: the same top-k as one
+    device over the whole corpus (what Atlas does with PyTorch, here one jitted function).
+    Returns ``(scores [B, k] f32, rows [B, k] int32)``, replicated.
+    """
+    P = jax.sharding.PartitionSpec
+    rows_per_device = corpus_ND.shape[0] // mesh.shape[axis]
+    k = min(k, n_valid)
+
+    def local(q, c):
+        offset = jax.lax.axis_index(axis) * rows_per_device
+        vals, idx = _blocked_topk(q, c, min(k, rows_per_device), block, n_valid - offset,
+                                  offset)
+        vals = jax.lax.all_gather(vals, axis, axis=1, tiled=True)
+        idx = jax.lax.all_gather(idx, axis, axis=1, tiled=True)
+        top, pos = jax.lax.top_k(vals, k)
+        return top, jnp.take_along_axis(idx, pos, axis=1)
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()),
+                       check_vma=False)
+    return jax.jit(fn)(jnp.asarray(queries_BD, jnp.float32), corpus_ND)
 
 
 def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:
@@ -95,64 +153,187 @@ def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:
     return [shared] * num_queries
 
 
-class Index:
-    """FAISS vectors + integer ids + passages + a manifest describing how they were made."""
+# -- embeddings on disk ----------------------------------------------------------------------
 
-    def __init__(self, faiss_index, ids: np.ndarray, passages: list[Passage], manifest: dict):
-        self._index = faiss_index
-        self.ids = np.asarray(ids, np.int64)
-        self.passages = passages
-        self._by_id = {p.id: p for p in passages}
-        self.manifest = manifest
-        self._search_index = self._to_gpu(faiss_index)
+class EmbeddingSource:
+    """Row-addressable ``[N, D]`` embeddings: one ``.npy`` file or consecutive shard files,
+    memory-mapped; :meth:`rows` returns float32 for a row range."""
 
-    def __len__(self) -> int:
-        return int(self._index.ntotal)
+    def __init__(self, parts: list[tuple[str, np.ndarray]]):
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(a) for _, a in parts])
+        self.n = int(self.starts[-1])
+        self.dim = int(parts[0][1].shape[1])
 
     @staticmethod
-    def _to_gpu(index):
-        import faiss
-
-        if faiss.get_num_gpus() > 0:
-            return faiss.index_cpu_to_all_gpus(index)
-        return index
+    def open_npy(path: str | pathlib.Path, *, n: int | None = None,
+                 dim: int | None = None) -> np.ndarray:
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise IndexLoadError(f"{path}: no such embeddings file")
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as err:  # numpy: "mmap length is greater than file size"
+            raise IndexLoadError(f"{path}: truncated or not a .npy array ({err})") from err
+        if arr.ndim != 2:
+            raise IndexLoadError(f"{path}: embeddings must be a 2-D [N, D] array, got shape "
+                                 f"{arr.shape}")
+        if arr.dtype not in (np.float32, np.float16):
+            raise IndexLoadError(f"{path}: embeddings must be float32 or float16, got "
+                                 f"{arr.dtype}")
+        if n is not None and arr.shape[0] != n:
+            raise IndexLoadError(f"{path}: {arr.shape[0]} embeddings for {n} passages")
+        if dim is not None and arr.shape[1] != dim:
+            raise IndexLoadError(f"{path}: embedding dimension {arr.shape[1]}, the retriever's "
+                                 f"is {dim}")
+        return arr
 
     @classmethod
-    def build(cls, embeddings_ND: np.ndarray, passages: list[Passage], *,
+    def from_files(cls, paths: Sequence[str | pathlib.Path]) -> "EmbeddingSource":
+        parts = [(str(p), cls.open_npy(p)) for p in paths]
+        dims = {a.shape[1] for _, a in parts}
+        if len(dims) != 1:
+            raise IndexLoadError(f"embedding files of different dimensions {sorted(dims)}")
+        return cls(parts)
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        out = []
+        for (name, arr), start in zip(self.parts, self.starts[:-1]):
+            a, b = max(lo, start), min(hi, start + len(arr))
+            if a < b:
+                out.append(np.asarray(arr[a - start:b - start], np.float32))
+        x = np.ascontiguousarray(np.concatenate(out) if len(out) > 1 else out[0])
+        if not np.isfinite(x).all():
+            bad = lo + int(np.argwhere(~np.isfinite(x).all(axis=1))[0, 0])
+            raise IndexLoadError(f"embeddings contain NaN or inf (row {bad}); refusing to "
+                                 "index them")
+        return x
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), self.dim), np.float32)
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        for p in np.unique(part):
+            sel = part == p
+            out[sel] = self.parts[p][1][rows[sel] - self.starts[p]]
+        return out
+
+
+def train_size_for(base, n: int) -> int:
+    """Training vectors for a FAISS index: 64 per IVF list (FAISS warns below 39) and at least
+    16384 (PQ's 256 centroids per sub-quantizer), capped at ``n``."""
+    import faiss
+
+    try:
+        nlist = faiss.extract_index_ivf(base).nlist
+    except RuntimeError:
+        nlist = 0
+    return int(min(n, max(64 * nlist, 16384)))
+
+
+def build_faiss(source: EmbeddingSource, lo: int, hi: int, factory: str = "Flat", *,
+                nprobe: int = 16, train_size: int | None = None, add_batch: int = 65536,
+                seed: int = 0, progress: bool = False):
+    """A FAISS index of rows ``lo..hi-1`` of ``source``: trained on a seeded sample, filled in
+    batches of ``add_batch`` rows (labels ``0..hi-lo-1``)."""
+    import faiss
+    from tqdm.auto import tqdm
+
+    n = hi - lo
+    base = faiss.index_factory(source.dim, factory, faiss.METRIC_INNER_PRODUCT)
+    if not base.is_trained:
+        size = train_size or train_size_for(base, n)
+        rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
+        base.train(source.take(rows + lo))
+    try:
+        faiss.extract_index_ivf(base).nprobe = nprobe
+    except RuntimeError:
+        pass
+    bar = tqdm(total=n, desc=f"adding {factory}", unit="vector", disable=not progress,
+               mininterval=0.5)
+    for a in range(lo, hi, add_batch):
+        x = source.rows(a, min(hi, a + add_batch))
+        base.add(x)
+        bar.update(len(x))
+    bar.close()
+    return base
+
+
+# -- the index -------------------------------------------------------------------------------
+
+def _gpu_clone(index, mode: str):
+    """Move a FAISS index to the GPUs when FAISS sees any: ``replicate`` on every GPU when it
+    fits one, ``shard`` across GPUs (FAISS ``IndexShards``) when it does not; ``auto`` picks by
+    the index's bytes against the smallest GPU's memory as JAX reports it."""
+    import faiss
+
+    if mode == "cpu" or faiss.get_num_gpus() == 0:
+        return index
+    if mode == "auto":
+        try:
+            limit = min(d.memory_stats()["bytes_limit"] for d in jax.devices("gpu"))
+        except (RuntimeError, KeyError, TypeError):
+            limit = None
+        size = faiss.serialize_index(index).nbytes if limit is not None else 0
+        mode = "shard" if limit is not None and size > 0.6 * limit else "replicate"
+    co = faiss.GpuMultipleClonerOptions()
+    co.shard = mode == "shard"
+    return faiss.index_cpu_to_all_gpus(index, co)
+
+
+class Index:
+    """FAISS shards + the passage store + a manifest describing how they were made.
+
+    ``shards`` is a list of ``(faiss_index, lo)``: shard labels are store rows minus ``lo``.
+    """
+
+    def __init__(self, shards: list[tuple[object, int]], store: PassageStore, manifest: dict,
+                 gpu: str = "auto"):
+        self.shards = shards
+        self.store = store
+        self.manifest = manifest
+        total = sum(int(ix.ntotal) for ix, _ in shards)
+        if total != len(store):
+            raise IndexLoadError(f"{total} vectors for {len(store)} passages")
+        self._search = [(_gpu_clone(ix, gpu), lo) for ix, lo in shards]
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def passages(self) -> PassageStore:
+        """The passages, by id (``index.passages[id]``) or in order (iteration)."""
+        return self.store
+
+    @classmethod
+    def build(cls, embeddings_ND: np.ndarray, passages: Sequence[Passage] | PassageStore, *,
               factory: str = "Flat", encoder: dict | None = None, nprobe: int = 16,
               extra: dict | None = None) -> "Index":
-        """Index ``embeddings_ND`` (row i is ``passages[i]``) with ``faiss.index_factory``."""
-        import faiss
-
-        emb = np.ascontiguousarray(np.asarray(embeddings_ND, np.float32))
+        """An in-memory, one-shard index of ``embeddings_ND`` (row i is the i-th passage)."""
+        emb = np.asarray(embeddings_ND)
         if emb.ndim != 2 or emb.shape[0] == 0:
             raise ValueError(f"need a non-empty [N, D] embedding matrix, got {emb.shape}")
-        if emb.shape[0] != len(passages):
-            raise ValueError(f"{emb.shape[0]} embeddings for {len(passages)} passages")
+        store = passages if isinstance(passages, PassageStore) else \
+            PassageStore.from_passages(passages)
+        if emb.shape[0] != len(store):
+            raise ValueError(f"{emb.shape[0]} embeddings for {len(store)} passages")
         if not np.isfinite(emb).all():
             raise ValueError("embeddings contain NaN or inf; refusing to index them")
-        ids = np.array([p.id for p in passages], np.int64)
-        base = faiss.index_factory(emb.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-        if not base.is_trained:
-            base.train(emb)
-        if hasattr(base, "nprobe"):
-            base.nprobe = nprobe
-        index = faiss.IndexIDMap2(base)
-        index.add_with_ids(emb, ids)
+        source = EmbeddingSource([("<memory>", emb)])
+        faiss_index = build_faiss(source, 0, len(store), factory, nprobe=nprobe)
         manifest = {"version": INDEX_VERSION, "factory": factory, "metric": "inner_product",
-                    "dim": int(emb.shape[1]), "n": int(emb.shape[0]), "nprobe": nprobe,
-                    "encoder": encoder or {}, "corpus_checksum": corpus_checksum(passages),
+                    "dim": int(emb.shape[1]), "n": len(store), "nprobe": nprobe,
+                    "encoder": encoder or {}, "corpus_checksum": store.checksum,
+                    "shards": [{"dir": "shard-00000", "lo": 0, "hi": len(store)}],
                     **(extra or {})}
-        return cls(index, ids, passages, manifest)
+        return cls([(faiss_index, 0)], store, manifest)
 
     def search(self, queries_BD: np.ndarray, k: int,
                exclude_ids: Sequence[Iterable[int]] | Iterable[int] | None = None
                ) -> SearchResult:
-        """Top-``k`` passages per query, skipping ``exclude_ids`` (the leakage filter).
-
-        ``exclude_ids`` is one collection for all queries or one per query. When fewer than
-        ``k`` passages are available, the missing slots have id -1 and a warning says so.
-        """
+        """Top-``k`` passages per query over every shard (exact merge), skipping
+        ``exclude_ids`` (the leakage filter): one collection for all queries or one per query.
+        When fewer than ``k`` passages are available, the missing slots have id -1 and a
+        warning says so."""
         q = np.ascontiguousarray(np.asarray(queries_BD, np.float32))
         if q.ndim != 2 or q.shape[1] != self.manifest["dim"]:
             raise ValueError(f"queries must be [B, {self.manifest['dim']}], got {q.shape}")
@@ -160,19 +341,29 @@ class Index:
             raise ValueError(f"k must be positive, got {k}")
         b = q.shape[0]
         excl = per_query_exclusions(exclude_ids, b)
-        fetch = min(len(self), k + max((len(e) for e in excl), default=0))
-        scores, ids = self._search_index.search(q, fetch)
+        fetch = k + max((len(e) for e in excl), default=0)
+        scores, rows = [], []
+        for ix, lo in self._search:
+            s, r = ix.search(q, min(fetch, int(ix.ntotal)))
+            scores.append(np.where(r >= 0, s, -np.inf).astype(np.float32))
+            rows.append(np.where(r >= 0, r + lo, -1))
+        scores_all, rows_all = np.concatenate(scores, 1), np.concatenate(rows, 1)
+        order = np.lexsort((rows_all, -scores_all), axis=1)  # score desc, then row
+        scores_all = np.take_along_axis(scores_all, order, 1)
+        rows_all = np.take_along_axis(rows_all, order, 1)
         out_ids = np.full((b, k), -1, np.int64)
         out_scores = np.full((b, k), -np.inf, np.float32)
         passages: list[list[Passage]] = []
         short = 0
         for i in range(b):
-            keep = [(s, j) for s, j in zip(scores[i], ids[i]) if j >= 0 and int(j) not in excl[i]]
-            keep = keep[:k]
+            valid = rows_all[i] >= 0
+            ids = self.store.ids_of(rows_all[i][valid])
+            keep = [(s, j, r) for s, j, r in zip(scores_all[i][valid], ids, rows_all[i][valid])
+                    if int(j) not in excl[i]][:k]
             short += len(keep) < k
-            for r, (s, j) in enumerate(keep):
-                out_ids[i, r], out_scores[i, r] = j, s
-            passages.append([self._by_id[int(j)] for _, j in keep])
+            for slot, (s, j, _) in enumerate(keep):
+                out_ids[i, slot], out_scores[i, slot] = j, s
+            passages.append([self.store.row(int(r)) for _, _, r in keep])
         if short:
             warnings.warn(f"asked for k={k} but only {len(self)} passages exist (after "
                           f"exclusions) for {short} of {b} queries; returning what exists",
@@ -181,40 +372,23 @@ class Index:
 
     def reconstruct_all(self) -> np.ndarray:
         """``[N, D]`` stored vectors in passage order (exact for Flat indexes)."""
-        return np.stack([self._index.reconstruct(int(i)) for i in self.ids])
+        return np.concatenate([ix.reconstruct_n(0, int(ix.ntotal)) for ix, _ in self.shards])
 
     def save(self, directory: str | pathlib.Path) -> pathlib.Path:
         """Atomically write the index directory (temporary folder, then rename)."""
-        import faiss
-
         out = pathlib.Path(directory)
         tmp = out.with_name(out.name + ".saving")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        faiss.write_index(self._index, str(tmp / "index.faiss"))
-        np.save(tmp / "ids.npy", self.ids)
-        write_passages(self.passages, tmp / "passages.jsonl")
-        manifest = dict(self.manifest)
-        manifest["checksums"] = {name: _sha256(tmp / name)
-                                 for name in ("index.faiss", "ids.npy", "passages.jsonl")}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        if out.exists():
-            old = out.with_name(out.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
+        self.store.write(tmp / STORE)
+        for (ix, lo), spec in zip(self.shards, self.manifest["shards"]):
+            _write_shard(tmp / spec["dir"], ix, spec["lo"], spec["hi"], self.manifest)
+        _finish(tmp, self.manifest)
+        _replace_dir(tmp, out)
         return out
 
-    @classmethod
-    def load(cls, directory: str | pathlib.Path, *, expect_encoder: dict | None = None,
-             expect_corpus_checksum: str | None = None) -> "Index":
-        """Load and verify an index directory; refuse a mismatched encoder or corpus."""
-        import faiss
-
-        d = pathlib.Path(directory)
+    @staticmethod
+    def _read_manifest(d: pathlib.Path) -> dict:
         manifest_path = d / "manifest.json"
         if not d.is_dir():
             raise IndexLoadError(f"{d}: no such index directory")
@@ -228,11 +402,42 @@ class Index:
         if manifest.get("version") != INDEX_VERSION:
             raise IndexLoadError(f"{d}: index version {manifest.get('version')} is not "
                                  f"{INDEX_VERSION}; rebuild it")
-        for name, digest in manifest.get("checksums", {}).items():
-            if not (d / name).exists():
-                raise IndexLoadError(f"{d / name}: missing; the index directory is incomplete")
-            if _sha256(d / name) != digest:
-                raise IndexLoadError(f"{d / name}: checksum mismatch, the file is corrupt")
+        return manifest
+
+    @staticmethod
+    def _check_files(d: pathlib.Path, manifest: dict, full: bool) -> None:
+        for name, info in manifest.get("files", {}).items():
+            path = d / name
+            if not path.exists():
+                raise IndexLoadError(f"{path}: missing; the index directory is incomplete")
+            st = path.stat()
+            if st.st_size != info["size"]:
+                raise IndexLoadError(f"{path}: {st.st_size} bytes where the manifest records "
+                                     f"{info['size']}: the file is truncated or was replaced")
+            if full or st.st_size <= SMALL_FILE_BYTES or st.st_mtime_ns != info["mtime_ns"]:
+                if _sha256(path) != info["sha256"]:
+                    raise IndexLoadError(f"{path}: checksum mismatch, the file is corrupt")
+
+    @classmethod
+    def verify(cls, directory: str | pathlib.Path) -> dict:
+        """Hash every file of an index directory against its manifest (``replug index
+        verify``); raises :class:`IndexLoadError` on the first problem."""
+        d = pathlib.Path(directory)
+        manifest = cls._read_manifest(d)
+        cls._check_files(d, manifest, full=True)
+        return {"files": len(manifest.get("files", {})),
+                "bytes": sum(f["size"] for f in manifest.get("files", {}).values())}
+
+    @classmethod
+    def load(cls, directory: str | pathlib.Path, *, expect_encoder: dict | None = None,
+             expect_corpus_checksum: str | None = None, mmap: bool = True,
+             gpu: str = "auto") -> "Index":
+        """Load and check an index directory; refuse a mismatched encoder or corpus, a
+        missing, truncated or corrupt file, or a shard of another index."""
+        import faiss
+
+        d = pathlib.Path(directory)
+        manifest = cls._read_manifest(d)
         if expect_encoder is not None:
             got = manifest.get("encoder", {})
             for key in ("fingerprint", "pooling", "similarity"):
@@ -247,38 +452,242 @@ class Index:
             raise IndexLoadError(f"{d}: built from a different corpus (checksum "
                                  f"{manifest.get('corpus_checksum', '?')[:12]} vs "
                                  f"{expect_corpus_checksum[:12]}); rebuild it")
-        index = faiss.read_index(str(d / "index.faiss"))
-        ids = np.load(d / "ids.npy", allow_pickle=False)
-        passages = read_passages(d / "passages.jsonl")
-        if index.ntotal != len(ids) or len(ids) != len(passages):
-            raise IndexLoadError(f"{d}: {index.ntotal} vectors, {len(ids)} ids and "
-                                 f"{len(passages)} passages do not agree")
-        return cls(index, ids, passages, manifest)
+        cls._check_files(d, manifest, full=False)
+        try:
+            store = PassageStore.open(d / STORE)
+        except ValueError as err:
+            raise IndexLoadError(str(err)) from err
+        shards = []
+        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+        for spec in manifest["shards"]:
+            sd = d / spec["dir"]
+            info = _read_shard_info(sd)
+            _check_shard(sd, info, spec, manifest)
+            try:
+                ix = faiss.read_index(str(sd / "index.faiss"), flags)
+            except RuntimeError as err:
+                raise IndexLoadError(f"{sd / 'index.faiss'}: FAISS cannot read it "
+                                     f"({str(err).splitlines()[0]})") from err
+            if ix.ntotal != spec["hi"] - spec["lo"]:
+                raise IndexLoadError(f"{sd}: {ix.ntotal} vectors for rows {spec['lo']}.."
+                                     f"{spec['hi'] - 1}")
+            shards.append((ix, spec["lo"]))
+        if store.checksum != manifest["corpus_checksum"]:
+            raise IndexLoadError(f"{d / STORE}: passages of another corpus than the manifest's")
+        return cls(shards, store, manifest, gpu=gpu)
 
 
-def build_index(passages: list[Passage], retriever, out_dir: str | pathlib.Path, *,
-                factory: str = "Flat", block_size: int = 1024, progress: bool = True,
-                extra: dict | None = None) -> Index:
-    """Encode ``passages`` (resumably) and save a FAISS index to ``out_dir``.
+def _read_shard_info(sd: pathlib.Path) -> dict:
+    if not (sd / "shard.json").exists():
+        raise IndexLoadError(f"{sd}: missing shard (no shard.json); the index is incomplete")
+    try:
+        return json.loads((sd / "shard.json").read_text())
+    except json.JSONDecodeError as err:
+        raise IndexLoadError(f"{sd / 'shard.json'}: corrupt ({err})") from err
 
-    Embeddings are written to ``<out_dir>.partial/embeddings.npy``; an interrupted build
-    resumes from there, and only a finished build appears at ``out_dir``.
+
+def _shard_key(manifest: dict) -> dict:
+    enc = manifest.get("encoder", {})
+    return {"corpus_checksum": manifest["corpus_checksum"], "factory": manifest["factory"],
+            "encoder_fingerprint": enc.get("fingerprint"), "similarity": enc.get("similarity"),
+            "dim": manifest["dim"]}
+
+
+def _check_shard(sd: pathlib.Path, info: dict, spec: dict, manifest: dict) -> None:
+    want = {**_shard_key(manifest), "lo": spec["lo"], "hi": spec["hi"]}
+    for key, value in want.items():
+        if info.get(key) != value:
+            raise IndexLoadError(f"{sd}: a shard of another index ({key} is {info.get(key)!r}, "
+                                 f"this index needs {value!r}); rebuild it")
+
+
+def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict) -> None:
+    """Write one FAISS shard atomically (temporary folder, then rename)."""
+    import faiss
+
+    tmp = sd.with_name(sd.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    faiss.write_index(faiss_index, str(tmp / "index.faiss"))
+    write_json_atomic({**_shard_key(manifest), "lo": lo, "hi": hi,
+                       "ntotal": int(faiss_index.ntotal)}, tmp / "shard.json")
+    shutil.rmtree(sd, ignore_errors=True)
+    os.replace(tmp, sd)
+
+
+def _finish(d: pathlib.Path, manifest: dict) -> None:
+    """Write the manifest with the table of every file's size, mtime and SHA-256."""
+    names = ["passages.arrow", "passages.json"] + [
+        f"{s['dir']}/{f}" for s in manifest["shards"] for f in ("index.faiss", "shard.json")]
+    files = {}
+    for name in names:
+        st = (d / name).stat()
+        files[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                       "sha256": _sha256(d / name)}
+    write_json_atomic({**manifest, "files": files}, d / "manifest.json")
+
+
+def _replace_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(out)
+
+
+# -- building an index directory, resumably, on one or many processes ------------------------
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def embed_store(store: PassageStore, retriever, emb_dir: pathlib.Path, *,
+                shard_rows: int = 65536, params=None, progress: bool = True,
+                process_index: int = 0, process_count: int = 1,
+                on_shard: Callable[[int], None] | None = None) -> list[pathlib.Path]:
+    """Embed the store into ``emb_dir/emb-XXXXX.npy``, ``shard_rows`` passages per file.
+
+    Process ``p`` of ``P`` embeds the shards ``p, p+P, ...``; a finished shard is a complete
+    file (written to a temporary name, then renamed), so a rerun skips it: an interrupted build
+    resumes at shard granularity. ``emb.json`` records the encoder and corpus; a folder made
+    with others is cleared first. Returns every shard's path (all processes' shards).
     """
-    if not passages:
-        raise ValueError("cannot build an index from an empty corpus")
+    from replug_jax.retrieval.encoder import encoding_bar
+
+    emb_dir.mkdir(parents=True, exist_ok=True)
+    key = {"n": len(store), "shard_rows": shard_rows, "corpus_checksum": store.checksum,
+           "encoder": retriever.identity, "dim": retriever.dim}
+    key_path = emb_dir / "emb.json"
+    if key_path.exists() and json.loads(key_path.read_text()) != key:
+        if process_index == 0:
+            for f in emb_dir.glob("emb-*.npy"):
+                f.unlink()
+    _barrier("replug_emb_key")
+    if process_index == 0:
+        write_json_atomic(key, key_path)
+    n_shards = -(-len(store) // shard_rows)
+    paths = [emb_dir / f"emb-{s:05d}.npy" for s in range(n_shards)]
+    mine = [s for s in range(process_index, n_shards, process_count)]
+
+    def complete(s: int) -> bool:
+        if not paths[s].exists():
+            return False
+        try:
+            arr = np.load(paths[s], mmap_mode="r")
+        except ValueError:
+            return False
+        rows = min(shard_rows, len(store) - s * shard_rows)
+        return arr.shape == (rows, retriever.dim)
+
+    todo = [s for s in mine if not complete(s)]
+    total = sum(min(shard_rows, len(store) - s * shard_rows) for s in mine)
+    bar = encoding_bar(total, progress)
+    bar.update(total - sum(min(shard_rows, len(store) - s * shard_rows) for s in todo))
+    for s in todo:
+        lo, hi = s * shard_rows, min(len(store), (s + 1) * shard_rows)
+        texts = [corpus_text(p) for p in store.slice(lo, hi)]
+        emb = retriever.encode(texts, params, on_batch=bar.update)
+        tmp = paths[s].with_name(paths[s].name + ".tmp.npy")
+        np.save(tmp, emb)
+        os.replace(tmp, paths[s])
+        if on_shard is not None:
+            on_shard(s)
+    bar.close()
+    _barrier("replug_emb_done")
+    return paths
+
+
+def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
+                retriever, out_dir: str | pathlib.Path, *, factory: str = "Flat",
+                nprobe: int = 16, embeddings: str | pathlib.Path | None = None,
+                num_shards: int = 1, embed_shard_rows: int = 65536,
+                train_size: int | None = None, progress: bool = True,
+                extra: dict | None = None, on_shard: Callable[[int], None] | None = None,
+                gpu: str = "auto") -> Index:
+    """Build an index directory at ``out_dir``, resumably, on one or many processes.
+
+    ``passages`` is a list, a :class:`PassageStore`, or the path of a store already written
+    (``passages.arrow``). Work happens in ``<out_dir>.partial/``: the store, the embedding
+    shards (:func:`embed_store`; skipped when ``embeddings`` names an ``[N, D]`` ``.npy`` the
+    user already has), then ``num_shards`` FAISS shards over contiguous row ranges, shard ``s``
+    built by process ``s mod P``. Process 0 then writes the manifest and renames the folder;
+    only a finished build appears at ``out_dir``. Multi-host builds need ``out_dir`` on a
+    shared filesystem and :func:`jax.distributed.initialize` first.
+    """
+    if retriever is None and embeddings is None:
+        raise ValueError("need a retriever to embed the passages, or --embeddings")
     out = pathlib.Path(out_dir)
     work = out.with_name(out.name + ".partial")
     work.mkdir(parents=True, exist_ok=True)
-    before = retriever.truncated
-    texts = [corpus_text(p) for p in passages]
-    emb = retriever.encode_to_file(texts, work / "embeddings.npy", block_size=block_size,
-                                   progress=progress)
-    index = Index.build(np.asarray(emb), passages, factory=factory, encoder=retriever.identity,
-                        extra={"truncated_passages": retriever.truncated - before,
-                               **(extra or {})})
-    index.save(out)
-    shutil.rmtree(work, ignore_errors=True)
-    return index
+    pid, pcount = jax.process_index(), jax.process_count()
+    if isinstance(passages, (str, pathlib.Path)):
+        store = PassageStore.open(passages)
+    elif isinstance(passages, PassageStore):
+        store = passages
+    else:
+        if not passages:
+            raise ValueError("cannot build an index from an empty corpus")
+        store = PassageStore.from_passages(passages)
+    store_path = work / STORE
+    if pathlib.Path(store.name) != store_path:
+        existing = None
+        if store_path.exists():
+            try:
+                existing = PassageStore.open(store_path)
+            except ValueError:
+                existing = None
+        if existing is None or existing.checksum != store.checksum:
+            if pid == 0:
+                store.write(store_path)
+            _barrier("replug_store")
+        store = PassageStore.open(store_path)
+    before = getattr(retriever, "truncated", 0)
+    if embeddings is not None:
+        dim = retriever.dim if retriever is not None else None
+        source = EmbeddingSource([(str(embeddings), EmbeddingSource.open_npy(
+            embeddings, n=len(store), dim=dim))])
+    else:
+        source = EmbeddingSource.from_files(embed_store(
+            store, retriever, work / "embeddings", shard_rows=embed_shard_rows,
+            progress=progress, process_index=pid, process_count=pcount))
+    encoder = retriever.identity if retriever is not None else {}
+    bounds = np.linspace(0, len(store), num_shards + 1).astype(int)
+    manifest = {"version": INDEX_VERSION, "factory": factory, "metric": "inner_product",
+                "dim": source.dim, "n": len(store), "nprobe": nprobe, "encoder": encoder,
+                "corpus_checksum": store.checksum,
+                "shards": [{"dir": f"shard-{s:05d}", "lo": int(bounds[s]),
+                            "hi": int(bounds[s + 1])} for s in range(num_shards)],
+                "truncated_passages": getattr(retriever, "truncated", 0) - before,
+                **({"embeddings": str(embeddings)} if embeddings is not None else {}),
+                **(extra or {})}
+    for s in range(pid, num_shards, pcount):
+        spec = manifest["shards"][s]
+        sd = work / spec["dir"]
+        if (sd / "shard.json").exists():
+            try:
+                _check_shard(sd, _read_shard_info(sd), spec, manifest)
+                continue  # finished by an earlier run
+            except IndexLoadError:
+                pass
+        ix = build_faiss(source, spec["lo"], spec["hi"], factory, nprobe=nprobe,
+                         train_size=train_size, seed=s, progress=progress)
+        _write_shard(sd, ix, spec["lo"], spec["hi"], manifest)
+        if on_shard is not None:
+            on_shard(s)
+    _barrier("replug_shards")
+    if pid == 0:
+        shutil.rmtree(work / "embeddings", ignore_errors=True)
+        _finish(work, manifest)
+        _replace_dir(work, out)
+    _barrier("replug_index_done")
+    return Index.load(out, gpu=gpu)
 
 
 def corpus_text(passage: Passage) -> str:

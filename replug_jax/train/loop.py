@@ -334,7 +334,9 @@ class LSRTrainer:
 
             writer = SummaryWriter(str(self.workdir / "tb"))
         except ImportError:
-            pass
+            if self.progress:
+                print("note: TensorBoard logging is off (pip install 'replug-jax[tensorboard]'); "
+                      f"metrics still go to {log_path}")
         end = cfg.total_steps if stop_after is None else min(cfg.total_steps, start + stop_after)
         bar = tqdm(range(start, end), initial=start, total=cfg.total_steps, desc="LSR",
                    disable=not self.progress)

@@ -1,0 +1,219 @@
+"""The passage store: passages in a memory-mapped Arrow IPC file, random access by id.
+
+A datastore of tens of millions of passages (DPR's 21M Wikipedia passages, the paper's 36M Pile
+documents) does not fit in memory as Python objects. :class:`PassageStore` keeps the columns
+``id, text, title, source_id, start, end`` in record batches of a fixed number of rows in an
+Arrow IPC file (``passages.arrow``) that is memory-mapped, not read: resident memory holds only
+the pages a lookup touches, whatever N is. A small sidecar ``passages.json`` records the row
+count, the batch size, the corpus checksum and, when the ids are ``first, first+1, ...`` (what
+chunking produces), ``contiguous_from``, so that a lookup by id is arithmetic. Other id orders
+(a hand-made passage list) keep a sorted id array in memory.
+
+Writes stream (one record batch in memory at a time) to a temporary file that is renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from replug_jax.retrieval.corpus import CorpusError, Passage, PassageHasher
+
+STORE_FORMAT = 1
+# Field order = Passage's, so rows construct positionally.
+SCHEMA = pa.schema([("id", pa.int64()), ("text", pa.string()), ("title", pa.string()),
+                    ("source_id", pa.string()), ("start", pa.int64()), ("end", pa.int64())])
+_FIELDS = [f.name for f in SCHEMA]
+
+
+def _batch(rows: list[Passage]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array([getattr(p, f) for p in rows], type=SCHEMA.field(f).type)
+                            for f in _FIELDS], schema=SCHEMA)
+
+
+def write_json_atomic(obj, path: pathlib.Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def write_store(passages: Iterable[Passage], path: str | pathlib.Path, *,
+                batch_rows: int = 65536, progress: bool = False) -> dict:
+    """Stream ``passages`` into ``path`` (``.arrow``) and its ``.json`` sidecar; returns the
+    sidecar (``n``, ``checksum``, ``batch_rows``, ``contiguous_from``)."""
+    from tqdm.auto import tqdm
+
+    if batch_rows <= 0:
+        raise ValueError(f"batch_rows must be positive, got {batch_rows}")
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    hasher = PassageHasher()
+    n, first, contiguous, rows = 0, None, True, []
+    bar = tqdm(desc="passages", unit="passage", disable=not progress, mininterval=0.5)
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+        for p in passages:
+            if first is None:
+                first = p.id
+            contiguous = contiguous and p.id == first + n
+            hasher.update(p)
+            rows.append(p)
+            n += 1
+            if len(rows) == batch_rows:
+                writer.write_batch(_batch(rows))
+                bar.update(len(rows))
+                rows = []
+        if rows:
+            writer.write_batch(_batch(rows))
+            bar.update(len(rows))
+    bar.close()
+    if n == 0:
+        tmp.unlink()
+        raise CorpusError(f"{path}: no passages to store (empty corpus?)")
+    meta = {"format": STORE_FORMAT, "n": n, "batch_rows": batch_rows,
+            "checksum": hasher.hexdigest(), "contiguous_from": first if contiguous else None}
+    os.replace(tmp, path)
+    write_json_atomic(meta, sidecar(path))
+    return meta
+
+
+def sidecar(path: pathlib.Path) -> pathlib.Path:
+    return path.with_suffix(".json")
+
+
+class PassageStore:
+    """Read-only passages by id or row: ``store[id]``, ``store.take(ids)``, ``store.row(i)``,
+    iteration in row order, ``len(store)``. Open a file with :meth:`open` (memory-mapped) or
+    wrap a list with :meth:`from_passages` (in memory)."""
+
+    def __init__(self, batches: list[pa.RecordBatch] | None, meta: dict, *, reader=None,
+                 name: str = "<memory>"):
+        self._batches = batches
+        self._reader = reader
+        self.meta = meta
+        self.name = name
+        self.n = int(meta["n"])
+        self.batch_rows = int(meta["batch_rows"])
+        self.checksum = meta["checksum"]
+        self._first = meta.get("contiguous_from")
+        self._sorted_ids = self._order = None
+        if self._first is None:  # arbitrary ids: a sorted index in memory (8 bytes per row)
+            ids = np.concatenate([self._get_batch(b).column("id").to_numpy()
+                                  for b in range(self.num_batches)])
+            self._order = np.argsort(ids, kind="stable")
+            self._sorted_ids = ids[self._order]
+            if len(np.unique(ids)) != len(ids):
+                raise CorpusError(f"{name}: passage ids are not unique")
+
+    @classmethod
+    def open(cls, path: str | pathlib.Path) -> "PassageStore":
+        path = pathlib.Path(path)
+        side = sidecar(path)
+        if not path.exists() or not side.exists():
+            raise CorpusError(f"{path}: no passage store here (need {path.name} and {side.name})")
+        try:
+            meta = json.loads(side.read_text())
+            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+        except (json.JSONDecodeError, pa.ArrowInvalid, OSError) as err:
+            raise CorpusError(f"{path}: corrupt passage store ({err})") from err
+        if meta.get("format") != STORE_FORMAT or reader.schema != SCHEMA:
+            raise CorpusError(f"{path}: not a passage store of format {STORE_FORMAT}")
+        expect = -(-int(meta["n"]) // int(meta["batch_rows"]))
+        if reader.num_record_batches != expect:
+            raise CorpusError(f"{path}: {reader.num_record_batches} record batches where "
+                              f"{meta['n']} passages need {expect}: the file is truncated or "
+                              "does not match its sidecar")
+        return cls(None, meta, reader=reader, name=str(path))
+
+    @classmethod
+    def from_passages(cls, passages: Sequence[Passage], batch_rows: int = 65536
+                      ) -> "PassageStore":
+        passages = list(passages)
+        if not passages:
+            raise CorpusError("no passages (empty corpus)")
+        hasher = PassageHasher()
+        for p in passages:
+            hasher.update(p)
+        first = passages[0].id
+        contiguous = all(p.id == first + i for i, p in enumerate(passages))
+        batches = [_batch(passages[i:i + batch_rows])
+                   for i in range(0, len(passages), batch_rows)]
+        return cls(batches, {"format": STORE_FORMAT, "n": len(passages),
+                             "batch_rows": batch_rows, "checksum": hasher.hexdigest(),
+                             "contiguous_from": first if contiguous else None})
+
+    def write(self, path: str | pathlib.Path) -> dict:
+        return write_store(iter(self), path, batch_rows=self.batch_rows)
+
+    @property
+    def num_batches(self) -> int:
+        return -(-self.n // self.batch_rows)
+
+    def _get_batch(self, b: int) -> pa.RecordBatch:
+        if self._batches is not None:
+            return self._batches[b]
+        return self._reader.get_batch(b)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def rows_of(self, ids) -> np.ndarray:
+        """Row numbers of passage ``ids``; raises ``KeyError`` for an id not in the store."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if self._first is not None:
+            rows = ids - self._first
+            bad = (rows < 0) | (rows >= self.n)
+        else:
+            pos = np.searchsorted(self._sorted_ids, ids).clip(0, self.n - 1)
+            bad = self._sorted_ids[pos] != ids
+            rows = self._order[pos]
+        if bad.any():
+            raise KeyError(f"passage id {int(ids[bad][0])} is not in {self.name}")
+        return rows
+
+    def ids_of(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, np.int64)
+        if self._first is not None:
+            return rows + self._first
+        flat = rows.reshape(-1)
+        out = np.array([self._get_batch(int(r) // self.batch_rows).column("id")[
+            int(r) % self.batch_rows].as_py() for r in flat], np.int64)
+        return out.reshape(rows.shape)
+
+    def row(self, r: int) -> Passage:
+        if not 0 <= r < self.n:
+            raise IndexError(f"row {r} out of range for {self.n} passages")
+        b = self._get_batch(r // self.batch_rows)
+        i = r % self.batch_rows
+        return Passage(**{f: b.column(f)[i].as_py() for f in _FIELDS})
+
+    def __getitem__(self, passage_id: int) -> Passage:
+        return self.row(int(self.rows_of([passage_id])[0]))
+
+    def take(self, ids) -> list[Passage]:
+        return [self.row(int(r)) for r in self.rows_of(ids)]
+
+    def __iter__(self) -> Iterator[Passage]:
+        for b in range(self.num_batches):
+            batch = self._get_batch(b)
+            cols = [batch.column(f).to_pylist() for f in _FIELDS]
+            for values in zip(*cols):
+                yield Passage(*values)
+
+    def slice(self, lo: int, hi: int) -> Iterator[Passage]:
+        """Passages of rows ``lo..hi-1`` in order, one record batch at a time."""
+        r = lo
+        while r < hi:
+            b, i = divmod(r, self.batch_rows)
+            batch = self._get_batch(b)
+            j = min(batch.num_rows, i + hi - r)
+            part = batch.slice(i, j - i)
+            cols = [part.column(f).to_pylist() for f in _FIELDS]
+            for values in zip(*cols):
+                yield Passage(*values)
+            r += j - i
