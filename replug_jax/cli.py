@@ -585,9 +585,16 @@ def check_args(args) -> None:
         require("uvicorn", "serve", "replug serve")
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"replug: {category.__name__.replace('UserWarning', 'note')}: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     from replug_jax.extras import MissingExtraError
 
+    warnings.formatwarning = _one_line_warning  # warnings stay visible, without source lines
     args = build_parser().parse_args(argv)
     try:
         check_args(args)

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from replug_jax.cli import build_parser, main
@@ -72,3 +73,55 @@ def test_clear_errors(tmp_path, capsys):
     empty.write_text("")
     assert main(["index", "build", "--corpus", str(empty), "--out", str(tmp_path / "x")]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["index", "search", "IDX", "q", "-k", "0"], "-k must be positive, got 0"),
+    (["ask", "what?", "--temperature", "-1"], "--temperature must be positive, got -1.0"),
+    (["score", "--input", "MISSING.jsonl"], "--input MISSING.jsonl: no such file"),
+    (["index", "build", "--corpus", "MISSING.tsv", "--out", "o"], "--corpus MISSING.tsv"),
+    (["generate", "p", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["index", "build", "--corpus", "demo", "--out", "o", "--overlap", "100"],
+     "--overlap (100) must be smaller than --chunk-size (100)"),
+])
+def test_bad_arguments_are_rejected_before_any_model_loads(
+        tmp_path, monkeypatch, capsys, argv, message):
+    import replug_jax.lm.flax_scorer as flax_scorer
+    import replug_jax.retrieval.encoder as encoder
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(encoder, "load_retriever", no_loading)
+    monkeypatch.setattr(flax_scorer, "load_lm", no_loading)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "IDX").mkdir()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.models
+def test_index_build_from_embeddings_verify_and_search(tmp_path, capsys):
+    packaged_or_skip("minilm")
+    corpus = tmp_path / "psgs.tsv"
+    corpus.write_text("id\ttext\ttitle\n" + "".join(
+        f"{i}\tpassage number {i} about topic {i % 5}\tT{i}\n" for i in range(300)))
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(300, 384)).astype(np.float32)
+    np.save(tmp_path / "emb.npy", emb / np.linalg.norm(emb, axis=1, keepdims=True))
+    out = tmp_path / "idx"
+    assert main(["index", "build", "--corpus", str(corpus), "--chunk-unit", "none",
+                 "--embeddings", str(tmp_path / "emb.npy"), "--shards", "2", "--out", str(out),
+                 "--json"]) == 0
+    built = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert built["n"] == 300 and len(built["shards"]) == 2 and built["bytes"] > 300 * 384 * 4
+    assert main(["index", "verify", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"]
+    assert main(["index", "search", str(out), "anything", "-k", "3", "--json"]) == 0
+    hit = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(hit["ids"]) == 3 and hit["titles"][0] == f"T{hit['ids'][0]}"
+    np.save(tmp_path / "bad.npy", emb[:299])
+    assert main(["index", "build", "--corpus", str(corpus), "--chunk-unit", "none",
+                 "--embeddings", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "b")]) == 2
+    assert "bad.npy: 299 embeddings for 300 passages" in capsys.readouterr().err

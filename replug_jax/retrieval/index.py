@@ -155,54 +155,89 @@ def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:
 
 # -- embeddings on disk ----------------------------------------------------------------------
 
-class EmbeddingSource:
-    """Row-addressable ``[N, D]`` embeddings: one ``.npy`` file or consecutive shard files,
-    memory-mapped; :meth:`rows` returns float32 for a row range."""
+class NpyRows:
+    """Rows of a 2-D ``.npy`` file read with ``pread`` rather than a memory map: what a build
+    reads goes through the page cache without staying in the process's resident memory, so
+    peak RSS does not grow with the file."""
 
-    def __init__(self, parts: list[tuple[str, np.ndarray]]):
-        self.parts = parts
-        self.starts = np.cumsum([0] + [len(a) for _, a in parts])
-        self.n = int(self.starts[-1])
-        self.dim = int(parts[0][1].shape[1])
-
-    @staticmethod
-    def open_npy(path: str | pathlib.Path, *, n: int | None = None,
-                 dim: int | None = None) -> np.ndarray:
-        path = pathlib.Path(path)
-        if not path.is_file():
-            raise IndexLoadError(f"{path}: no such embeddings file")
+    def __init__(self, path: str | pathlib.Path, *, n: int | None = None,
+                 dim: int | None = None):
+        self.path = pathlib.Path(path)
+        if not self.path.is_file():
+            raise IndexLoadError(f"{self.path}: no such embeddings file")
         try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as err:  # numpy: "mmap length is greater than file size"
-            raise IndexLoadError(f"{path}: truncated or not a .npy array ({err})") from err
-        if arr.ndim != 2:
-            raise IndexLoadError(f"{path}: embeddings must be a 2-D [N, D] array, got shape "
-                                 f"{arr.shape}")
-        if arr.dtype not in (np.float32, np.float16):
-            raise IndexLoadError(f"{path}: embeddings must be float32 or float16, got "
-                                 f"{arr.dtype}")
-        if n is not None and arr.shape[0] != n:
-            raise IndexLoadError(f"{path}: {arr.shape[0]} embeddings for {n} passages")
-        if dim is not None and arr.shape[1] != dim:
-            raise IndexLoadError(f"{path}: embedding dimension {arr.shape[1]}, the retriever's "
-                                 f"is {dim}")
-        return arr
+            with open(self.path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
+                               np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                self.offset = f.tell()
+        except ValueError as err:
+            raise IndexLoadError(f"{self.path}: not a .npy array ({err})") from err
+        if len(shape) != 2:
+            raise IndexLoadError(f"{self.path}: embeddings must be a 2-D [N, D] array, got "
+                                 f"shape {shape}")
+        if dtype not in (np.float32, np.float16) or fortran:
+            raise IndexLoadError(f"{self.path}: embeddings must be C-ordered float32 or "
+                                 f"float16, got {dtype}{' (Fortran order)' if fortran else ''}")
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.row_bytes = shape[1] * self.dtype.itemsize
+        expected = self.offset + shape[0] * self.row_bytes
+        size = self.path.stat().st_size
+        if size < expected:
+            raise IndexLoadError(f"{self.path}: truncated ({size} bytes, the header's shape "
+                                 f"{shape} needs {expected})")
+        if n is not None and shape[0] != n:
+            raise IndexLoadError(f"{self.path}: {shape[0]} embeddings for {n} passages")
+        if dim is not None and shape[1] != dim:
+            raise IndexLoadError(f"{self.path}: embedding dimension {shape[1]}, the "
+                                 f"retriever's is {dim}")
+        self._fd = os.open(self.path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        raw = os.pread(self._fd, (hi - lo) * self.row_bytes, self.offset + lo * self.row_bytes)
+        return np.frombuffer(raw, self.dtype).reshape(hi - lo, self.shape[1])
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return np.stack([self.read(int(r), int(r) + 1)[0] for r in rows]) if len(rows) else \
+            np.zeros((0, self.shape[1]), self.dtype)
+
+
+class EmbeddingSource:
+    """Row-addressable ``[N, D]`` embeddings: in-memory arrays or ``.npy`` files (one, or
+    consecutive shards); :meth:`rows` returns float32 for a row range."""
+
+    def __init__(self, parts: list):
+        self.parts = parts  # np.ndarray or NpyRows, consecutive row ranges
+        self.starts = np.cumsum([0] + [len(a) for a in parts])
+        self.n = int(self.starts[-1])
+        dims = {a.shape[1] for a in parts}
+        if len(dims) != 1:
+            raise IndexLoadError(f"embedding parts of different dimensions {sorted(dims)}")
+        self.dim = dims.pop()
 
     @classmethod
-    def from_files(cls, paths: Sequence[str | pathlib.Path]) -> "EmbeddingSource":
-        parts = [(str(p), cls.open_npy(p)) for p in paths]
-        dims = {a.shape[1] for _, a in parts}
-        if len(dims) != 1:
-            raise IndexLoadError(f"embedding files of different dimensions {sorted(dims)}")
-        return cls(parts)
+    def from_files(cls, paths: Sequence[str | pathlib.Path], **kwargs) -> "EmbeddingSource":
+        return cls([NpyRows(p, **kwargs) for p in paths])
+
+    @staticmethod
+    def _read(part, lo: int, hi: int) -> np.ndarray:
+        return part.read(lo, hi) if isinstance(part, NpyRows) else part[lo:hi]
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         out = []
-        for (name, arr), start in zip(self.parts, self.starts[:-1]):
-            a, b = max(lo, start), min(hi, start + len(arr))
+        for part, start in zip(self.parts, self.starts[:-1]):
+            a, b = max(lo, start), min(hi, start + len(part))
             if a < b:
-                out.append(np.asarray(arr[a - start:b - start], np.float32))
-        x = np.ascontiguousarray(np.concatenate(out) if len(out) > 1 else out[0])
+                out.append(self._read(part, a - start, b - start))
+        x = np.ascontiguousarray(np.concatenate(out) if len(out) > 1 else out[0], np.float32)
         if not np.isfinite(x).all():
             bad = lo + int(np.argwhere(~np.isfinite(x).all(axis=1))[0, 0])
             raise IndexLoadError(f"embeddings contain NaN or inf (row {bad}); refusing to "
@@ -214,7 +249,9 @@ class EmbeddingSource:
         part = np.searchsorted(self.starts, rows, side="right") - 1
         for p in np.unique(part):
             sel = part == p
-            out[sel] = self.parts[p][1][rows[sel] - self.starts[p]]
+            local = rows[sel] - self.starts[p]
+            src = self.parts[p]
+            out[sel] = src.take(local) if isinstance(src, NpyRows) else src[local]
         return out
 
 
@@ -248,8 +285,8 @@ def build_faiss(source: EmbeddingSource, lo: int, hi: int, factory: str = "Flat"
         faiss.extract_index_ivf(base).nprobe = nprobe
     except RuntimeError:
         pass
-    bar = tqdm(total=n, desc=f"adding {factory}", unit="vector", disable=not progress,
-               mininterval=0.5)
+    bar = tqdm(total=n, desc=f"adding to {factory}", unit="vector", mininterval=0.5,
+               disable=not progress or n <= add_batch)
     for a in range(lo, hi, add_batch):
         x = source.rows(a, min(hi, a + add_batch))
         base.add(x)
@@ -318,7 +355,7 @@ class Index:
             raise ValueError(f"{emb.shape[0]} embeddings for {len(store)} passages")
         if not np.isfinite(emb).all():
             raise ValueError("embeddings contain NaN or inf; refusing to index them")
-        source = EmbeddingSource([("<memory>", emb)])
+        source = EmbeddingSource([emb])
         faiss_index = build_faiss(source, 0, len(store), factory, nprobe=nprobe)
         manifest = {"version": INDEX_VERSION, "factory": factory, "metric": "inner_product",
                     "dim": int(emb.shape[1]), "n": len(store), "nprobe": nprobe,
@@ -351,24 +388,19 @@ class Index:
         order = np.lexsort((rows_all, -scores_all), axis=1)  # score desc, then row
         scores_all = np.take_along_axis(scores_all, order, 1)
         rows_all = np.take_along_axis(rows_all, order, 1)
-        out_ids = np.full((b, k), -1, np.int64)
-        out_scores = np.full((b, k), -np.inf, np.float32)
-        passages: list[list[Passage]] = []
-        short = 0
-        for i in range(b):
-            valid = rows_all[i] >= 0
-            ids = self.store.ids_of(rows_all[i][valid])
-            keep = [(s, j, r) for s, j, r in zip(scores_all[i][valid], ids, rows_all[i][valid])
-                    if int(j) not in excl[i]][:k]
-            short += len(keep) < k
-            for slot, (s, j, _) in enumerate(keep):
-                out_ids[i, slot], out_scores[i, slot] = j, s
-            passages.append([self.store.row(int(r)) for _, _, r in keep])
-        if short:
-            warnings.warn(f"asked for k={k} but only {len(self)} passages exist (after "
-                          f"exclusions) for {short} of {b} queries; returning what exists",
-                          stacklevel=2)
-        return SearchResult(out_ids, out_scores, passages)
+        return _assemble(self.store, scores_all, rows_all, excl, k)
+
+    def set_nprobe(self, nprobe: int) -> None:
+        """IVF lists searched per query from now on (recall against speed); no-op for
+        indexes without inverted lists."""
+        import faiss
+
+        for ix, _ in self._search:
+            try:
+                faiss.extract_index_ivf(ix).nprobe = nprobe
+            except RuntimeError:
+                return
+        self.manifest["nprobe"] = nprobe
 
     def reconstruct_all(self) -> np.ndarray:
         """``[N, D]`` stored vectors in passage order (exact for Flat indexes)."""
@@ -452,6 +484,8 @@ class Index:
             raise IndexLoadError(f"{d}: built from a different corpus (checksum "
                                  f"{manifest.get('corpus_checksum', '?')[:12]} vs "
                                  f"{expect_corpus_checksum[:12]}); rebuild it")
+        for spec in manifest["shards"]:  # cheap checks first: a shard missing or stray
+            _check_shard(d / spec["dir"], _read_shard_info(d / spec["dir"]), spec, manifest)
         cls._check_files(d, manifest, full=False)
         try:
             store = PassageStore.open(d / STORE)
@@ -461,8 +495,6 @@ class Index:
         flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
         for spec in manifest["shards"]:
             sd = d / spec["dir"]
-            info = _read_shard_info(sd)
-            _check_shard(sd, info, spec, manifest)
             try:
                 ix = faiss.read_index(str(sd / "index.faiss"), flags)
             except RuntimeError as err:
@@ -477,9 +509,37 @@ class Index:
         return cls(shards, store, manifest, gpu=gpu)
 
 
+def _assemble(store: PassageStore, scores_BF: np.ndarray, rows_BF: np.ndarray,
+              excl: list[set[int]], k: int) -> SearchResult:
+    """The top-``k`` of ranked candidates (rows -1 = none) per query, minus exclusions, with
+    their passages fetched in one vectorised read."""
+    b = scores_BF.shape[0]
+    out_ids = np.full((b, k), -1, np.int64)
+    out_scores = np.full((b, k), -np.inf, np.float32)
+    out_rows = np.full((b, k), -1, np.int64)
+    short = 0
+    for i in range(b):
+        valid = rows_BF[i] >= 0
+        ids = store.ids_of(rows_BF[i][valid])
+        keep = [(s, j, r) for s, j, r in zip(scores_BF[i][valid], ids, rows_BF[i][valid])
+                if int(j) not in excl[i]][:k]
+        short += len(keep) < k
+        for slot, (s, j, r) in enumerate(keep):
+            out_ids[i, slot], out_scores[i, slot], out_rows[i, slot] = j, s, r
+    found = out_rows >= 0
+    fetched = iter(store.rows(out_rows[found]))
+    passages = [[next(fetched) for _ in range(int(found[i].sum()))] for i in range(b)]
+    if short:
+        warnings.warn(f"asked for k={k} but only {len(store)} passages exist (after "
+                      f"exclusions) for {short} of {b} queries; returning what exists",
+                      stacklevel=3)
+    return SearchResult(out_ids, out_scores, passages)
+
+
 def _read_shard_info(sd: pathlib.Path) -> dict:
     if not (sd / "shard.json").exists():
-        raise IndexLoadError(f"{sd}: missing shard (no shard.json); the index is incomplete")
+        raise IndexLoadError(f"{sd}: missing shard; the index is incomplete (rebuild or copy "
+                             "the shard)")
     try:
         return json.loads((sd / "shard.json").read_text())
     except json.JSONDecodeError as err:
@@ -651,8 +711,7 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
     before = getattr(retriever, "truncated", 0)
     if embeddings is not None:
         dim = retriever.dim if retriever is not None else None
-        source = EmbeddingSource([(str(embeddings), EmbeddingSource.open_npy(
-            embeddings, n=len(store), dim=dim))])
+        source = EmbeddingSource([NpyRows(embeddings, n=len(store), dim=dim)])
     else:
         source = EmbeddingSource.from_files(embed_store(
             store, retriever, work / "embeddings", shard_rows=embed_shard_rows,

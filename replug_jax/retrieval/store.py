@@ -192,11 +192,27 @@ class PassageStore:
         i = r % self.batch_rows
         return Passage(**{f: b.column(f)[i].as_py() for f in _FIELDS})
 
+    def rows(self, rows) -> list[Passage]:
+        """Passages at row numbers ``rows`` (in that order), one vectorised ``take`` per
+        record batch touched."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.n):
+            raise IndexError(f"rows out of range for {self.n} passages")
+        out: list[Passage | None] = [None] * len(rows)
+        batch_of = rows // self.batch_rows
+        for b in np.unique(batch_of):
+            where = np.flatnonzero(batch_of == b)
+            part = self._get_batch(int(b)).take(pa.array(rows[where] % self.batch_rows))
+            cols = [part.column(f).to_pylist() for f in _FIELDS]
+            for j, values in zip(where, zip(*cols)):
+                out[j] = Passage(*values)
+        return out
+
     def __getitem__(self, passage_id: int) -> Passage:
         return self.row(int(self.rows_of([passage_id])[0]))
 
     def take(self, ids) -> list[Passage]:
-        return [self.row(int(r)) for r in self.rows_of(ids)]
+        return self.rows(self.rows_of(ids))
 
     def __iter__(self) -> Iterator[Passage]:
         for b in range(self.num_batches):

@@ -1,0 +1,304 @@
+"""The paper-scale datastore: passage store, streaming readers, sharded and resumable builds,
+integrity checks, and exact top-k sharded over devices."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from replug_jax.retrieval.corpus import CorpusError, Passage, iter_chunks, iter_documents
+from replug_jax.retrieval.index import (
+    EmbeddingSource,
+    Index,
+    IndexLoadError,
+    build_index,
+    embed_store,
+    exact_topk,
+    shard_corpus,
+    sharded_topk,
+)
+from replug_jax.retrieval.store import PassageStore, write_store
+
+TEXTS = ["Aaron is a prophet, high priest, and the brother of Moses.",
+         'He said "hello"\tand left; naïve café — 東京 🙂',
+         "Line with a trailing space ",
+         "x" * 3000]
+
+
+def clustered(n: int, d: int = 32, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(16, d))
+    x = centers[rng.integers(16, size=n)] + 0.3 * rng.normal(size=(n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def write_tsv(path, with_title: bool):
+    import csv
+
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f, delimiter="\t")
+        w.writerow(["id", "text", "title"] if with_title else ["id", "text"])
+        for i, t in enumerate(TEXTS):
+            w.writerow([str(i + 1), t, f"Title {i}"] if with_title else [str(i + 1), t])
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "txt", "parquet", "tsv", "tsv_notitle"])
+def test_store_round_trips_every_reader_byte_for_byte(tmp_path, fmt):
+    path = tmp_path / f"c.{fmt.split('_')[0]}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps({"id": f"d{i}", "text": t, "title": f"T{i}"},
+                                           ensure_ascii=False) + "\n"
+                                for i, t in enumerate(TEXTS)), encoding="utf-8")
+    elif fmt == "txt":
+        path.write_text("\n".join(t.replace("\t", " ") for t in TEXTS) + "\n", encoding="utf-8")
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"id": [f"d{i}" for i in range(4)], "text": TEXTS,
+                                 "title": [f"T{i}" for i in range(4)]}), path)
+    else:
+        write_tsv(path, with_title=fmt == "tsv")
+    docs = list(iter_documents(path))
+    assert len(docs) == 4
+    meta = write_store(iter_chunks(iter(docs), unit="none"), tmp_path / "p.arrow",
+                       batch_rows=3)
+    store = PassageStore.open(tmp_path / "p.arrow")
+    assert meta["n"] == len(store) == 4 and store.num_batches == 2
+    for i, (doc, p) in enumerate(zip(docs, store)):
+        assert p.text.encode("utf-8") == doc.text.encode("utf-8")
+        assert p.title == doc.title and p.source_id == doc.id and p.id == i
+        assert store[i] == p and store.row(i) == p
+    if fmt.startswith("tsv"):
+        assert [d.id for d in docs] == ["1", "2", "3", "4"]
+        assert docs[1].text == TEXTS[1]  # quotes and a tab inside a quoted field survive
+        assert (docs[0].title == "Title 0") == (fmt == "tsv")
+    assert [p.id for p in store.take([3, 1])] == [3, 1]
+    with pytest.raises(KeyError, match="passage id 9"):
+        store.take([9])
+
+
+def test_store_with_arbitrary_ids_and_chunking_streams(tmp_path):
+    passages = [Passage(i, f"text {i}", source_id=str(i)) for i in (40, 7, 19)]
+    store = PassageStore.from_passages(passages)
+    assert store[7].text == "text 7" and store.ids_of([0, 1, 2]).tolist() == [40, 7, 19]
+    with pytest.raises(KeyError):
+        store[8]
+    # chunking is lazy: a generator consumes documents only as passages are asked for
+    seen = []
+
+    def docs():
+        for i in range(1000):
+            seen.append(i)
+            yield from iter_documents_of(f"word{i} " * 30)
+
+    it = iter_chunks(docs(), size=10)
+    first = [next(it) for _ in range(6)]
+    assert len(seen) == 2 and [p.id for p in first] == list(range(6))
+
+
+def iter_documents_of(text):
+    from replug_jax.retrieval.corpus import Document
+
+    yield Document("d", text)
+
+
+def test_tsv_rows_with_a_missing_field_are_refused(tmp_path):
+    bad = tmp_path / "psgs.tsv"
+    bad.write_text("id\ttext\ttitle\n1\tfine text\tTitle\n2\tno title here\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"psgs.tsv:3: 2 field\(s\) where the header has 3"):
+        list(iter_documents(bad))
+    nohead = tmp_path / "nohead.tsv"
+    nohead.write_text("1\tsome text\tTitle\n")
+    with pytest.raises(CorpusError, match="header must name"):
+        list(iter_documents(nohead))
+
+
+def _passages(n):
+    return [Passage(i, f"passage {i}", f"title {i % 7}", str(i // 3)) for i in range(n)]
+
+
+def test_sharded_index_equals_one_index_over_the_union(tmp_path):
+    emb = clustered(500)
+    np.save(tmp_path / "emb.npy", emb)
+    passages = _passages(500)
+    one = Index.build(emb, passages)
+    sharded = build_index(passages, None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
+                          num_shards=3, progress=False)
+    assert [s["hi"] - s["lo"] for s in sharded.manifest["shards"]] == [166, 167, 167]
+    queries = clustered(20, seed=1)
+    a, b = one.search(queries, 10), sharded.search(queries, 10)
+    np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
+    assert (a.ids == b.ids).mean() > 0.99  # equal up to float ties
+    assert [p.id for p in b.passages[0]] == b.ids[0].tolist()
+    assert b.passages[0][0] == passages[b.ids[0, 0]]
+    np.testing.assert_allclose(sharded.reconstruct_all(), emb, atol=1e-6)
+    # exclusions cross shards
+    excl = set(b.ids[0, :5].tolist())
+    c = sharded.search(queries[:1], 5, exclude_ids=[excl])
+    assert not excl & set(c.ids[0].tolist()) and c.ids[0, 0] == b.ids[0, 5]
+
+
+def test_ivf_pq_trains_on_a_sample_and_finds_neighbours(tmp_path):
+    emb = clustered(4000, d=32)
+    np.save(tmp_path / "emb.npy", emb)
+    idx = build_index(_passages(4000), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
+                      factory="IVF16,PQ8", nprobe=8, train_size=2000, progress=False)
+    exact = Index.build(emb, _passages(4000))
+    q = clustered(50, d=32, seed=3)
+    got, want = idx.search(q, 10).ids, exact.search(q, 10).ids
+    recall = np.mean([len(set(g) & set(w)) / 10 for g, w in zip(got, want)])
+    assert recall >= 0.5, recall
+    assert Index.load(tmp_path / "idx").manifest["factory"] == "IVF16,PQ8"
+
+
+def test_interrupted_builds_resume_without_recomputing(tmp_path):
+    emb = clustered(300)
+    np.save(tmp_path / "emb.npy", emb)
+
+    class Killed(Exception):
+        pass
+
+    def die(s):
+        if s == 1:
+            raise Killed
+
+    with pytest.raises(Killed):
+        build_index(_passages(300), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
+                    num_shards=4, progress=False, on_shard=die)
+    assert not (tmp_path / "idx").exists() and (tmp_path / "idx.partial" / "shard-00000").exists()
+    built = []
+    idx = build_index(_passages(300), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
+                      num_shards=4, progress=False, on_shard=built.append)
+    assert built == [2, 3] and len(idx) == 300 and not (tmp_path / "idx.partial").exists()
+
+
+class CountingEncoder:
+    """A retriever stand-in with the interface embed_store uses: deterministic embeddings
+    from the text, counting every text it encodes."""
+
+    dim = 8
+    identity = {"source": "counting", "fingerprint": "c" * 64, "pooling": "mean",
+                "similarity": "cosine", "max_length": 64}
+
+    def __init__(self):
+        self.encoded = 0
+
+    def encode(self, texts, params=None, on_batch=None):
+        self.encoded += len(texts)
+        out = np.stack([np.random.default_rng(len(t) + sum(map(ord, t))).normal(size=8)
+                        for t in texts]).astype(np.float32)
+        if on_batch:
+            on_batch(len(texts))
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_embedding_resumes_at_shard_granularity_and_splits_across_processes(tmp_path):
+    store = PassageStore.from_passages(_passages(50))
+    enc = CountingEncoder()
+
+    class Killed(Exception):
+        pass
+
+    def die(s):
+        if s == 1:
+            raise Killed
+
+    with pytest.raises(Killed):
+        embed_store(store, enc, tmp_path / "emb", shard_rows=16, progress=False, on_shard=die)
+    assert enc.encoded == 32
+    paths = embed_store(store, enc, tmp_path / "emb", shard_rows=16, progress=False)
+    assert enc.encoded == 32 + 18  # shards 2 (16) and 3 (2) only
+    full = EmbeddingSource.from_files(paths).rows(0, 50)
+    np.testing.assert_array_equal(full, CountingEncoder().encode(
+        [f"title {i % 7}. passage {i}" for i in range(50)]))
+    # two processes: each embeds its own shards, together all of them
+    split = [CountingEncoder(), CountingEncoder()]
+    for p in (0, 1):
+        embed_store(store, split[p], tmp_path / "emb2", shard_rows=16, progress=False,
+                    process_index=p, process_count=2)
+    assert [e.encoded for e in split] == [16 + 16, 16 + 2]
+    np.testing.assert_array_equal(
+        EmbeddingSource.from_files(sorted((tmp_path / "emb2").glob("emb-*.npy"))).rows(0, 50),
+        full)
+
+
+def test_bad_shards_embeddings_and_files_are_refused(tmp_path):
+    emb = clustered(120)
+    np.save(tmp_path / "emb.npy", emb)
+    build_index(_passages(120), None, tmp_path / "a", embeddings=tmp_path / "emb.npy",
+                num_shards=2, progress=False)
+    np.save(tmp_path / "emb_b.npy", clustered(120, seed=5))
+    other = _passages(120)
+    other[0] = Passage(0, "another corpus")
+    build_index(other, None, tmp_path / "b", embeddings=tmp_path / "emb_b.npy", num_shards=2,
+                progress=False)
+    # a shard of another index (another corpus) copied in
+    import shutil
+
+    shutil.rmtree(tmp_path / "a" / "shard-00001")
+    with pytest.raises(IndexLoadError, match="shard-00001: missing"):
+        Index.load(tmp_path / "a")
+    shutil.copytree(tmp_path / "b" / "shard-00001", tmp_path / "a" / "shard-00001")
+    with pytest.raises(IndexLoadError, match="shard-00001"):
+        Index.load(tmp_path / "a")
+    # embeddings of the wrong shape, dtype, or truncated
+    for name, arr, msg in [("short.npy", emb[:100], "100 embeddings for 120 passages"),
+                           ("int.npy", (emb * 10).astype(np.int32), "float32 or float16"),
+                           ("flat.npy", emb.reshape(-1), "2-D")]:
+        np.save(tmp_path / name, arr)
+        with pytest.raises(IndexLoadError, match=f"{name}: .*{msg}"):
+            build_index(_passages(120), None, tmp_path / "c", embeddings=tmp_path / name,
+                        progress=False)
+    raw = (tmp_path / "emb.npy").read_bytes()
+    (tmp_path / "cut.npy").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(IndexLoadError, match="cut.npy: truncated"):
+        build_index(_passages(120), None, tmp_path / "c", embeddings=tmp_path / "cut.npy",
+                    progress=False)
+
+
+def test_integrity_checks_sizes_always_and_hashes_on_demand(tmp_path):
+    emb = clustered(200)
+    np.save(tmp_path / "emb.npy", emb)
+    build_index(_passages(200), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
+                progress=False)
+    d = tmp_path / "idx"
+    assert Index.verify(d)["files"] == 4
+    faiss_file = d / "shard-00000" / "index.faiss"
+    raw = bytearray(faiss_file.read_bytes())
+    st = faiss_file.stat()
+    raw[-10] ^= 0xFF  # same size, same mtime: a load trusts it, verify does not
+    faiss_file.write_bytes(bytes(raw))
+    os.utime(faiss_file, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(IndexLoadError, match="checksum mismatch"):
+        Index.verify(d)
+    faiss_file.write_bytes(bytes(raw[:-100]))
+    with pytest.raises(IndexLoadError, match="truncated"):
+        Index.load(d)
+    store_file = d / "passages.arrow"
+    store_file.write_bytes(store_file.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(IndexLoadError, match="passages.arrow: checksum mismatch"):
+        Index.load(d)
+
+
+def test_jax_sharded_topk_equals_faiss_exact():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    from replug_jax.sharding import make_mesh
+
+    emb = clustered(1003, d=32)  # not a multiple of 8: padding rows must never win
+    queries = clustered(16, d=32, seed=2)
+    mesh = make_mesh(8)
+    corpus, n = shard_corpus(emb, mesh, dtype=np.float32)
+    scores, rows = sharded_topk(queries, corpus, 20, n, mesh, block=50)
+    faiss_res = Index.build(emb, _passages(1003)).search(queries, 20)
+    np.testing.assert_allclose(np.asarray(scores), faiss_res.scores, atol=1e-5)
+    assert (np.asarray(rows) == faiss_res.ids).mean() > 0.99
+    one_scores, one_rows = exact_topk(queries, emb, 20, block=64)
+    np.testing.assert_array_equal(np.asarray(one_rows), np.asarray(rows))
+    # bf16 storage (the training-time default) keeps the same top-1 on clustered data
+    corpus16, _ = shard_corpus(emb, mesh)
+    _, rows16 = sharded_topk(queries, corpus16, 1, n, mesh)
+    assert (np.asarray(rows16)[:, 0] == faiss_res.ids[:, 0]).mean() >= 0.9
