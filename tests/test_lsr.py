@@ -262,3 +262,37 @@ def test_remat_gives_the_same_step():
     for a, c in zip(p0, p1):
         np.testing.assert_allclose(a, c, atol=1e-6)
     assert BASE.fingerprint() == dataclasses.replace(BASE, remat=True).fingerprint()
+
+
+def test_jax_sharded_index_backend_equals_faiss_across_a_refresh(tmp_path):
+    if len(jax.devices()) < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    cfg = dataclasses.replace(BASE, num_devices=8, total_steps=5, refresh_every=2)
+    faiss_run = make_trainer(tmp_path, "faiss", cfg)
+    jax_run = make_trainer(tmp_path, "jax", dataclasses.replace(
+        cfg, index_backend="jax", index_dtype="float32"))
+    faiss_run.run()
+    jax_run.run()
+    assert type(jax_run.index).__name__ == "DeviceIndex" and jax_run.index_version == 2
+    assert len(jax_run.index.array.sharding.device_set) == 8  # the corpus is spread out
+    np.testing.assert_allclose(jax_run.index.reconstruct_all(),
+                               faiss_run.index.reconstruct_all(), atol=1e-5)
+    for ra, rb in zip(_log(faiss_run), _log(jax_run)):
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+        assert ra["gold_in_topk"] == rb["gold_in_topk"]
+        assert ra["index_version"] == rb["index_version"]
+    q = faiss_run.retriever.encode_queries([e.query for e in TRAIN],
+                                           params=jax.device_get(faiss_run.state.params))
+    assert (faiss_run.index.search(q, 4).ids == jax_run.index.search(q, 4).ids).mean() > 0.95
+    # resuming a jax-backend run reloads its embeddings onto the mesh
+    again = make_trainer(tmp_path, "jax", jax_run.cfg)
+    again.run()
+    np.testing.assert_allclose(again.index.reconstruct_all(), jax_run.index.reconstruct_all())
+
+
+def test_configs_that_would_silently_misbehave_are_refused():
+    with pytest.raises(ValueError, match="refresh_lag .3. must be smaller than refresh_every"):
+        dataclasses.replace(BASE, refresh_mode="background", refresh_lag=3)
+    with pytest.raises(ValueError, match="marginal' needs lm_score 'sum'"):
+        dataclasses.replace(BASE, objective="marginal", lm_score="mean")
+    assert dataclasses.replace(BASE, objective="marginal", lm_score="sum").objective == "marginal"

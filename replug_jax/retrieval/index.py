@@ -23,6 +23,7 @@ manifest; ``replug index verify`` (:meth:`Index.verify`) hashes everything.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -122,9 +123,15 @@ def sharded_topk(queries_BD, corpus_ND: jax.Array, k: int, n_valid: int,
     device over the whole corpus (what Atlas does with PyTorch, here one jitted function).
     Returns ``(scores [B, k] f32, rows [B, k] int32)``, replicated.
     """
+    fn = _sharded_topk_fn(mesh, axis, min(k, n_valid), n_valid,
+                          corpus_ND.shape[0] // mesh.shape[axis], block)
+    return fn(jnp.asarray(queries_BD, jnp.float32), corpus_ND)
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_topk_fn(mesh, axis: str, k: int, n_valid: int, rows_per_device: int, block: int):
+    """The jitted shard_map of :func:`sharded_topk` (cached: one compilation per shape)."""
     P = jax.sharding.PartitionSpec
-    rows_per_device = corpus_ND.shape[0] // mesh.shape[axis]
-    k = min(k, n_valid)
 
     def local(q, c):
         offset = jax.lax.axis_index(axis) * rows_per_device
@@ -135,9 +142,52 @@ def sharded_topk(queries_BD, corpus_ND: jax.Array, k: int, n_valid: int,
         top, pos = jax.lax.top_k(vals, k)
         return top, jnp.take_along_axis(idx, pos, axis=1)
 
-    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()),
-                       check_vma=False)
-    return jax.jit(fn)(jnp.asarray(queries_BD, jnp.float32), corpus_ND)
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis)),
+                                 out_specs=(P(), P()), check_vma=False))
+
+
+class DeviceIndex:
+    """Training-time retrieval in JAX: the corpus embeddings as one array sharded along N over
+    a mesh (bf16 by default), searched exactly with :func:`sharded_topk`. The same
+    ``search`` contract as :class:`Index`, and no FAISS rebuild: a refresh re-embeds and
+    swaps the array in. Scores are exact inner products of the stored (possibly bf16)
+    vectors, accumulated in float32."""
+
+    def __init__(self, embeddings_ND, passages: Sequence[Passage] | PassageStore,
+                 mesh: jax.sharding.Mesh, *, dtype=jnp.bfloat16, axis: str = "data",
+                 encoder: dict | None = None):
+        emb = np.asarray(embeddings_ND)
+        self.store = passages if isinstance(passages, PassageStore) else \
+            PassageStore.from_passages(passages)
+        if emb.ndim != 2 or emb.shape[0] != len(self.store):
+            raise ValueError(f"{emb.shape} embeddings for {len(self.store)} passages")
+        self.mesh, self.axis = mesh, axis
+        self.array, self.n = shard_corpus(emb, mesh, axis=axis, dtype=dtype)
+        self.manifest = {"factory": f"jax-exact-{jnp.dtype(dtype).name}", "dim": emb.shape[1],
+                         "n": self.n, "encoder": encoder or {},
+                         "corpus_checksum": self.store.checksum}
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def passages(self) -> PassageStore:
+        return self.store
+
+    def search(self, queries_BD, k: int, exclude_ids=None) -> SearchResult:
+        q = np.asarray(queries_BD, np.float32)
+        if q.ndim != 2 or q.shape[1] != self.manifest["dim"]:
+            raise ValueError(f"queries must be [B, {self.manifest['dim']}], got {q.shape}")
+        if k <= 0:
+            raise ValueError(f"k must be positive, got {k}")
+        excl = per_query_exclusions(exclude_ids, q.shape[0])
+        fetch = min(self.n, k + max((len(e) for e in excl), default=0))
+        scores, rows = sharded_topk(q, self.array, fetch, self.n, self.mesh, axis=self.axis)
+        return _assemble(self.store, np.asarray(scores, np.float32),
+                         np.asarray(rows).astype(np.int64), excl, k)
+
+    def reconstruct_all(self) -> np.ndarray:
+        return np.asarray(self.array[:self.n], np.float32)
 
 
 def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:

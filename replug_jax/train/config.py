@@ -49,6 +49,11 @@ class LSRConfig:
     refresh_mode: Literal["background", "sync"] = "background"
     refresh_lag: int = 0  # background: swap at refresh step + lag (0 = refresh_every // 10)
     index_factory: str = "Flat"
+    # "faiss": a FAISS index rebuilt at each refresh (index_factory); "jax": exact top-k over
+    # the corpus embeddings held as an index_dtype array sharded along N over the mesh (no
+    # FAISS rebuild; every device searches its rows, replicas merge the top-k)
+    index_backend: Literal["faiss", "jax"] = "faiss"
+    index_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     # bookkeeping
     seed: int = 0
     checkpoint_every: int = 500
@@ -68,13 +73,22 @@ class LSRConfig:
             (self.checkpoint_every > 0, "checkpoint_every must be positive"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be positive"),
             (isinstance(self.remat, bool), f"remat must be true or false, got {self.remat!r}"),
+            (self.refresh_lag < self.refresh_every,
+             f"refresh_lag ({self.refresh_lag}) must be smaller than refresh_every "
+             f"({self.refresh_every}): a longer lag would silently skip refreshes"),
+            (self.objective != "marginal" or self.lm_score == "sum",
+             "objective 'marginal' needs lm_score 'sum': the marginal likelihood "
+             "sum_d P_R(d|x) p(y|d,x) is over whole-continuation probabilities, not per-token "
+             "means"),
         ]
         for literal, allowed in (("similarity", ("cosine", "dot")), ("task", ("qa", "lm")),
                                  ("direction", ("retriever_to_lm", "lm_to_retriever")),
                                  ("lm_score", ("mean", "sum")),
                                  ("objective", ("kl", "marginal")),
                                  ("optimizer", ("adam", "adamw")),
-                                 ("refresh_mode", ("background", "sync"))):
+                                 ("refresh_mode", ("background", "sync")),
+                                 ("index_backend", ("faiss", "jax")),
+                                 ("index_dtype", ("bfloat16", "float32"))):
             checks.append((getattr(self, literal) in allowed,
                            f"{literal} must be one of {allowed}, got {getattr(self, literal)!r}"))
         for ok, message in checks:

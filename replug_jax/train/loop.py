@@ -27,12 +27,14 @@ import time
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from replug_jax.models.weights import write_json_atomic
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.retrieval.index import Index, corpus_text
+from replug_jax.retrieval.index import DeviceIndex, Index, corpus_text
+from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import make_mesh, replicate, shard_batch
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import Example, batch_indices
@@ -49,7 +51,7 @@ class _Refresh:
     version: int
     start_step: int
     thread: threading.Thread | None = None
-    index: Index | None = None
+    index: Index | DeviceIndex | None = None
     error: BaseException | None = None
     seconds: float = 0.0
 
@@ -89,6 +91,7 @@ class LSRTrainer:
         self.retriever = retriever
         self.lm = lm_scorer
         self.passages = passages
+        self.store = PassageStore.from_passages(passages)
         self.by_id = {p.id: p for p in passages}
         self.train, self.dev = list(train), list(dev)
         self.progress = progress
@@ -107,7 +110,7 @@ class LSRTrainer:
         self.cache = LMScoreCache(self.workdir / "lm_scores.sqlite",
                                   f"{getattr(lm_scorer, 'name', cfg.lm)}|{cfg.separator!r}")
         self._ckpt = None
-        self.index: Index | None = None
+        self.index: Index | DeviceIndex | None = None
         self.index_version = 0
         self.pending: _Refresh | None = None
         self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
@@ -195,19 +198,32 @@ class LSRTrainer:
         flat = load_file(str(self._version_dir(version) / "params.safetensors"))
         return _unflat(flat, self.state.params)  # only the nesting is read
 
-    def _build_index(self, version: int, params: dict) -> Index:
+    def _build_index(self, version: int, params: dict) -> Index | DeviceIndex:
+        """Index version ``version``: re-embed the corpus with ``params`` (resumably), then a
+        FAISS index saved under the version folder, or (``index_backend="jax"``) the
+        embeddings kept as ``emb.npy`` and placed on the mesh as a sharded array."""
         out = self._version_dir(version) / "index"
+        emb_path = self._version_dir(version) / "emb.npy"
+        encoder = dict(self.retriever.identity, params_version=version)
+        if params is None and not (out.exists() or emb_path.exists()):
+            raise RuntimeError(f"index version {version} is missing from {self.workdir}; "
+                               "start a new --workdir")
+        if self.cfg.index_backend == "jax":
+            if not emb_path.exists() or emb_path.with_name("emb.npy.progress.json").exists():
+                self.retriever.encode_to_file([corpus_text(p) for p in self.passages], emb_path,
+                                              params=params, progress=False)
+            return DeviceIndex(np.load(emb_path), self.store, self.mesh,
+                               dtype=jnp.dtype(self.cfg.index_dtype), encoder=encoder)
         try:
             return Index.load(out)
         except ValueError:
             pass
         emb = self.retriever.encode_to_file(
-            [corpus_text(p) for p in self.passages], self._version_dir(version) / "emb.npy",
-            params=params, progress=False)
-        index = Index.build(np.asarray(emb), self.passages, factory=self.cfg.index_factory,
-                            encoder=dict(self.retriever.identity, params_version=version))
+            [corpus_text(p) for p in self.passages], emb_path, params=params, progress=False)
+        index = Index.build(np.asarray(emb), self.store, factory=self.cfg.index_factory,
+                            encoder=encoder)
         index.save(out)
-        (self._version_dir(version) / "emb.npy").unlink(missing_ok=True)
+        emb_path.unlink(missing_ok=True)
         return index
 
     def _start_refresh(self, version: int, start_step: int, params: dict | None = None) -> None:
@@ -317,7 +333,7 @@ class LSRTrainer:
             self.index = self._build_index(0, jax.device_get(self.state.params))
         else:
             self.index_version = meta["index_version"]
-            self.index = Index.load(self._version_dir(self.index_version) / "index")
+            self.index = self._build_index(self.index_version, None)  # loads what is saved
             if meta.get("pending"):
                 p = meta["pending"]
                 self._start_refresh(p["version"], p["start_step"],
@@ -391,7 +407,7 @@ class LSRTrainer:
         k = k or self.cfg.k
         params = jax.device_get(self.state.params)
         emb = self.retriever.encode([corpus_text(p) for p in self.passages], params=params)
-        index = Index.build(emb, self.passages)
+        index = Index.build(emb, self.store)
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
