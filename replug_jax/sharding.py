@@ -2,7 +2,10 @@
 
 Training is data-parallel over a 1-D ``("data",)`` mesh: batches are split along their first
 axis, retriever parameters and optimizer state are replicated, and XLA inserts the gradient
-all-reduce. Multi-host runs call :func:`initialize_distributed` in the entry point first.
+all-reduce. Multi-host runs call :func:`initialize_distributed` in the entry point first; then
+the mesh spans every process's devices, each process supplies only its own rows of a batch
+(:func:`local_rows`, :func:`shard_batch` via ``jax.make_array_from_process_local_data``) and of
+a sharded corpus, and replicated values are assembled from identical host copies.
 """
 
 from __future__ import annotations
@@ -41,14 +44,47 @@ def batch_sharded(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(DATA))
 
 
-def shard_batch(batch: dict, mesh: Mesh) -> dict:
+def local_rows(n: int) -> slice:
+    """This process's contiguous share of ``n`` global rows (all of them for one process)."""
+    count, index = jax.process_count(), jax.process_index()
+    if n % count:
+        raise ValueError(f"{n} rows cannot be split evenly over {count} processes")
+    per = n // count
+    return slice(index * per, (index + 1) * per)
+
+
+def shard_batch(local_batch: dict, mesh: Mesh) -> dict:
+    """Global arrays split along the batch axis from this process's rows of the batch (the
+    whole batch when there is one process)."""
     n = mesh.devices.size
-    for name, x in batch.items():
-        if x.shape[0] % n:
-            raise ValueError(f"batch field {name!r} has {x.shape[0]} rows, not divisible by "
+    sharding = batch_sharded(mesh)
+    out = {}
+    for name, x in local_batch.items():
+        rows = x.shape[0] * jax.process_count()
+        if rows % n:
+            raise ValueError(f"batch field {name!r} has {rows} rows, not divisible by "
                              f"{n} devices; choose a batch size that is")
-    return jax.device_put(batch, batch_sharded(mesh))
+        out[name] = jax.make_array_from_process_local_data(sharding, np.asarray(x))
+    return out
 
 
 def replicate(tree, mesh: Mesh):
-    return jax.device_put(tree, replicated(mesh))
+    """``tree`` on every device of the mesh. With several processes each passes an identical
+    host copy (arrays already on the mesh are resharded without leaving the devices)."""
+    sharding = replicated(mesh)
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def put(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, sharding)
+        return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+    return jax.tree.map(put, tree)
+
+
+def host_copy(tree):
+    """A replicated (or fully addressable) tree as NumPy on this host."""
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))
+                        if isinstance(x, jax.Array) and not x.is_fully_addressable
+                        else np.asarray(x), tree)

@@ -101,17 +101,38 @@ def exact_topk(queries_BD, corpus_ND, k: int, block: int = 65536):
     return _blocked_topk(q, c, min(k, c.shape[0]), block, c.shape[0], 0)
 
 
+def corpus_rows(n: int, mesh: jax.sharding.Mesh, axis: str = "data") -> slice:
+    """The rows of an ``n``-row corpus that this process holds when it is sharded along N on
+    ``mesh`` (all of them for one process): the process's devices hold a contiguous block of
+    the corpus padded to a multiple of the device count."""
+    per_process = -(-n // mesh.shape[axis]) * mesh.shape[axis] // jax.process_count()
+    lo = jax.process_index() * per_process
+    return slice(min(lo, n), min(lo + per_process, n))
+
+
 def shard_corpus(corpus_ND, mesh: jax.sharding.Mesh, *, axis: str = "data",
-                 dtype=jnp.bfloat16):
-    """Place ``corpus_ND`` on ``mesh`` split along N (padded to a multiple of the device
-    count), in ``dtype``. Returns ``(array [N_pad, D], n)``; each device holds N/d rows."""
-    c = np.asarray(corpus_ND)
+                 dtype=jnp.bfloat16, n: int | None = None):
+    """Place a corpus on ``mesh`` split along N (padded to a multiple of the device count with
+    rows that never win), in ``dtype``. ``corpus_ND`` is the whole corpus (each process takes
+    its rows), or, with ``n`` given, only this process's rows :func:`corpus_rows` ``(n)``, so
+    that no host ever holds all of it. Returns ``(array [N_pad, D], n)``."""
+    full = n is None
+    n = len(corpus_ND) if full else n
     d = mesh.shape[axis]
-    pad = -len(c) % d
-    if pad:
-        c = np.concatenate([c, np.zeros((pad, c.shape[1]), c.dtype)])
+    n_pad = -(-n // d) * d
+    rows = corpus_rows(n, mesh, axis)
+    local = np.asarray(corpus_ND[rows] if full else corpus_ND)
+    if len(local) != rows.stop - rows.start:
+        raise ValueError(f"{len(local)} local rows where this process holds rows "
+                         f"{rows.start}..{rows.stop - 1}")
+    per_process = n_pad // jax.process_count()
+    if len(local) < per_process:
+        local = np.concatenate([local, np.zeros((per_process - len(local), local.shape[1]),
+                                                local.dtype)])
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
-    return jax.device_put(jnp.asarray(c, dtype), sharding), len(corpus_ND)
+    array = jax.make_array_from_process_local_data(sharding, np.asarray(local, dtype),
+                                                   (n_pad, local.shape[1]))
+    return array, n
 
 
 def sharded_topk(queries_BD, corpus_ND: jax.Array, k: int, n_valid: int,
@@ -123,9 +144,11 @@ def sharded_topk(queries_BD, corpus_ND: jax.Array, k: int, n_valid: int,
     device over the whole corpus (what Atlas does with PyTorch, here one jitted function).
     Returns ``(scores [B, k] f32, rows [B, k] int32)``, replicated.
     """
+    from replug_jax.sharding import replicate
+
     fn = _sharded_topk_fn(mesh, axis, min(k, n_valid), n_valid,
                           corpus_ND.shape[0] // mesh.shape[axis], block)
-    return fn(jnp.asarray(queries_BD, jnp.float32), corpus_ND)
+    return fn(replicate(np.asarray(queries_BD, np.float32), mesh), corpus_ND)
 
 
 @functools.lru_cache(maxsize=64)
@@ -155,14 +178,15 @@ class DeviceIndex:
 
     def __init__(self, embeddings_ND, passages: Sequence[Passage] | PassageStore,
                  mesh: jax.sharding.Mesh, *, dtype=jnp.bfloat16, axis: str = "data",
-                 encoder: dict | None = None):
+                 encoder: dict | None = None, local: bool = False):
         emb = np.asarray(embeddings_ND)
         self.store = passages if isinstance(passages, PassageStore) else \
             PassageStore.from_passages(passages)
-        if emb.ndim != 2 or emb.shape[0] != len(self.store):
+        if emb.ndim != 2 or (not local and emb.shape[0] != len(self.store)):
             raise ValueError(f"{emb.shape} embeddings for {len(self.store)} passages")
         self.mesh, self.axis = mesh, axis
-        self.array, self.n = shard_corpus(emb, mesh, axis=axis, dtype=dtype)
+        self.array, self.n = shard_corpus(emb, mesh, axis=axis, dtype=dtype,
+                                          n=len(self.store) if local else None)
         self.manifest = {"factory": f"jax-exact-{jnp.dtype(dtype).name}", "dim": emb.shape[1],
                          "n": self.n, "encoder": encoder or {},
                          "corpus_checksum": self.store.checksum}
@@ -182,12 +206,15 @@ class DeviceIndex:
             raise ValueError(f"k must be positive, got {k}")
         excl = per_query_exclusions(exclude_ids, q.shape[0])
         fetch = min(self.n, k + max((len(e) for e in excl), default=0))
-        scores, rows = sharded_topk(q, self.array, fetch, self.n, self.mesh, axis=self.axis)
-        return _assemble(self.store, np.asarray(scores, np.float32),
-                         np.asarray(rows).astype(np.int64), excl, k)
+        from replug_jax.sharding import host_copy
+
+        scores, rows = host_copy(sharded_topk(q, self.array, fetch, self.n, self.mesh,
+                                              axis=self.axis))
+        return _assemble(self.store, scores.astype(np.float32), rows.astype(np.int64), excl, k)
 
     def reconstruct_all(self) -> np.ndarray:
-        return np.asarray(self.array[:self.n], np.float32)
+        """The stored vectors (this process's single-process view: tests and small runs)."""
+        return np.asarray(self.array, np.float32)[:self.n]
 
 
 def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:

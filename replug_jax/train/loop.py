@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 import threading
@@ -33,9 +34,9 @@ import numpy as np
 from replug_jax.models.weights import write_json_atomic
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.retrieval.index import DeviceIndex, Index, corpus_text
+from replug_jax.retrieval.index import DeviceIndex, Index, corpus_rows, corpus_text
 from replug_jax.retrieval.store import PassageStore
-from replug_jax.sharding import make_mesh, replicate, shard_batch
+from replug_jax.sharding import host_copy, local_rows, make_mesh, replicate, shard_batch
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import Example, batch_indices
 from replug_jax.train.lsr import TrainState, init_state, make_optimizer, make_train_step
@@ -107,7 +108,10 @@ class LSRTrainer:
         self.train_step, self.scores_fn = make_train_step(self.graphdef, self.template, cfg,
                                                           self.tx, retriever.model.pooling)
         self.state = replicate(init_state(params, self.tx), self.mesh)
-        self.cache = LMScoreCache(self.workdir / "lm_scores.sqlite",
+        # one LM-score cache per process: each scores only its own rows of every batch
+        self.pid, self.pcount = jax.process_index(), jax.process_count()
+        cache_name = "lm_scores.sqlite" if self.pcount == 1 else f"lm_scores.p{self.pid}.sqlite"
+        self.cache = LMScoreCache(self.workdir / cache_name,
                                   f"{getattr(lm_scorer, 'name', cfg.lm)}|{cfg.separator!r}")
         self._ckpt = None
         self.index: Index | DeviceIndex | None = None
@@ -128,9 +132,10 @@ class LSRTrainer:
                 raise CheckpointMismatch(
                     f"{self.workdir} holds a run with a different config (differs in: "
                     f"{', '.join(diff)}); use a new --workdir or the same config")
-        tmp = path.with_name("config.json.tmp")
-        tmp.write_text(json.dumps(mine, indent=2))
-        tmp.replace(path)
+        if jax.process_index() == 0:
+            tmp = path.with_name("config.json.tmp")
+            tmp.write_text(json.dumps(mine, indent=2))
+            tmp.replace(path)
 
     @property
     def checkpoints(self):
@@ -186,10 +191,11 @@ class LSRTrainer:
 
         d = self._version_dir(version)
         d.mkdir(parents=True, exist_ok=True)
-        params = jax.device_get(self.state.params)
-        tmp = d / "params.safetensors.tmp"
-        save_file(_flat(params), str(tmp))
-        tmp.replace(d / "params.safetensors")
+        params = host_copy(self.state.params)
+        if self.pid == 0:
+            tmp = d / "params.safetensors.tmp"
+            save_file(_flat(params), str(tmp))
+            tmp.replace(d / "params.safetensors")
         return params
 
     def _load_snapshot(self, version: int) -> dict:
@@ -203,16 +209,22 @@ class LSRTrainer:
         FAISS index saved under the version folder, or (``index_backend="jax"``) the
         embeddings kept as ``emb.npy`` and placed on the mesh as a sharded array."""
         out = self._version_dir(version) / "index"
-        emb_path = self._version_dir(version) / "emb.npy"
+        suffix = "" if self.pcount == 1 else f".p{self.pid}"
+        emb_path = self._version_dir(version) / f"emb{suffix}.npy"
         encoder = dict(self.retriever.identity, params_version=version)
         if params is None and not (out.exists() or emb_path.exists()):
             raise RuntimeError(f"index version {version} is missing from {self.workdir}; "
                                "start a new --workdir")
+        done = emb_path.exists() and not emb_path.with_name(
+            emb_path.name + ".progress.json").exists()
         if self.cfg.index_backend == "jax":
-            if not emb_path.exists() or emb_path.with_name("emb.npy.progress.json").exists():
-                self.retriever.encode_to_file([corpus_text(p) for p in self.passages], emb_path,
-                                              params=params, progress=False)
-            return DeviceIndex(np.load(emb_path), self.store, self.mesh,
+            # each process embeds only the corpus rows its devices hold
+            rows = corpus_rows(len(self.passages), self.mesh)
+            if not done:
+                self.retriever.encode_to_file(
+                    [corpus_text(p) for p in self.passages[rows]], emb_path, params=params,
+                    progress=False)
+            return DeviceIndex(np.load(emb_path), self.store, self.mesh, local=True,
                                dtype=jnp.dtype(self.cfg.index_dtype), encoder=encoder)
         try:
             return Index.load(out)
@@ -222,7 +234,8 @@ class LSRTrainer:
             [corpus_text(p) for p in self.passages], emb_path, params=params, progress=False)
         index = Index.build(np.asarray(emb), self.store, factory=self.cfg.index_factory,
                             encoder=encoder)
-        index.save(out)
+        if self.pid == 0:  # every process holds the same index; one writes it
+            index.save(out)
         emb_path.unlink(missing_ok=True)
         return index
 
@@ -284,12 +297,12 @@ class LSRTrainer:
     def _batch(self, step: int) -> tuple[dict, dict]:
         cfg = self.cfg
         idx = batch_indices(step, cfg.batch_size, len(self.train), cfg.seed)
-        examples = [self.train[i] for i in idx]
-        queries = self.retriever.encode_queries([e.query for e in examples],
-                                                params=self.state.params)  # stays on device
+        examples = [self.train[i] for i in idx][local_rows(len(idx))]  # this process's rows
+        params = self.state.params if self.pcount == 1 else host_copy(self.state.params)
+        queries = self.retriever.encode_queries([e.query for e in examples], params=params)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            hits = self.index.search(queries, cfg.k)
+            hits = self._search(queries, cfg.k)
         t0 = time.perf_counter()
         scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
                                 cfg.separator, cfg.lm_score)
@@ -302,16 +315,37 @@ class LSRTrainer:
                  "doc_ids": d_ids.reshape(b, k, -1), "doc_mask": d_mask.reshape(b, k, -1),
                  "doc_valid": hits.ids >= 0, "lm_scores": scores}
         gold = [e.gold_doc for e in examples]
+        found = [g in row for g, row in zip(gold, hits.ids)]
+        if self.pcount > 1:  # the batch-wide numbers, identical on every process
+            from jax.experimental import multihost_utils as mh
+
+            found = list(np.asarray(mh.process_allgather(np.array(found), tiled=True)))
+            new = int(np.sum(mh.process_allgather(np.array([new]))))
+            lm_seconds = float(np.max(mh.process_allgather(np.array([lm_seconds]))))
         info = {"lm_new_pairs": new, "lm_seconds": lm_seconds,
-                "gold_in_topk": float(np.mean([g in row for g, row in zip(gold, hits.ids)]))
+                "gold_in_topk": float(np.mean(found))
                 if all(g is not None for g in gold) else None}
         return batch, info
+
+    def _search(self, queries_BD: np.ndarray, k: int):
+        """Search with this process's queries. The sharded JAX index is one global
+        computation, so with several processes every one searches everyone's queries and keeps
+        its own rows; a FAISS index is local to each process."""
+        if self.pcount == 1 or not isinstance(self.index, DeviceIndex):
+            return self.index.search(queries_BD, k)
+        from jax.experimental import multihost_utils as mh
+
+        everyone = np.asarray(mh.process_allgather(np.asarray(queries_BD), tiled=True))
+        hits = self.index.search(everyone, k)
+        mine = local_rows(len(everyone))
+        return type(hits)(hits.ids[mine], hits.scores[mine], hits.passages[mine])
 
     # -- the run ------------------------------------------------------------------------------
 
     def _metrics_log(self, resume_step: int) -> pathlib.Path:
         path = self.workdir / "metrics.jsonl"
-        if path.exists():  # drop steps after the restored checkpoint (they are redone)
+        # drop the steps after the restored checkpoint (they are redone); one process writes
+        if path.exists() and self.pid == 0:
             kept = [line for line in path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] < resume_step]
             tmp = path.with_name("metrics.jsonl.tmp")
@@ -330,7 +364,7 @@ class LSRTrainer:
         if meta is None:
             self.index_version = 0
             self._snapshot(0)
-            self.index = self._build_index(0, jax.device_get(self.state.params))
+            self.index = self._build_index(0, host_copy(self.state.params))
         else:
             self.index_version = meta["index_version"]
             self.index = self._build_index(self.index_version, None)  # loads what is saved
@@ -340,31 +374,33 @@ class LSRTrainer:
                                     self._load_snapshot(p["version"]))
         if self.dev and "initial" not in self._dev_metrics():
             # The untrained retriever on dev, once per work directory (the model card's baseline).
-            write_json_atomic({"initial": self.evaluate(self.dev)} if start == 0 else
-                              {"initial": None, "note": "resumed before a baseline was taken"},
-                              self.workdir / "dev_metrics.json")
+            self._write_once({"initial": self.evaluate(self.dev)} if start == 0 else
+                             {"initial": None, "note": "resumed before a baseline was taken"},
+                             self.workdir / "dev_metrics.json")
         log_path = self._metrics_log(start)
         writer = None
         try:
+            if self.pid != 0:
+                raise ImportError  # one process logs
             from tensorboardX import SummaryWriter
 
             writer = SummaryWriter(str(self.workdir / "tb"))
         except ImportError:
-            if self.progress:
+            if self.progress and self.pid == 0:
                 print("note: TensorBoard logging is off (pip install 'replug-jax[tensorboard]'); "
                       f"metrics still go to {log_path}")
         end = cfg.total_steps if stop_after is None else min(cfg.total_steps, start + stop_after)
         bar = tqdm(range(start, end), initial=start, total=cfg.total_steps, desc="LSR",
-                   disable=not self.progress)
+                   disable=not self.progress or self.pid != 0)
         last = {}
-        with open(log_path, "a") as log:
+        with open(log_path if self.pid == 0 else os.devnull, "a") as log:
             for step in bar:
                 t0 = time.perf_counter()
                 refresh_wait = self._maybe_refresh(step)
                 self.versions_used[step] = self.index_version
                 batch, info = self._batch(step)
                 self.state, metrics = self.train_step(self.state, shard_batch(batch, self.mesh))
-                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                metrics = {k: float(v) for k, v in host_copy(metrics).items()}
                 record = {"step": step, **metrics, "index_version": self.index_version,
                           "refresh_wait_seconds": round(refresh_wait, 4),
                           "lm_new_pairs": info["lm_new_pairs"],
@@ -393,9 +429,13 @@ class LSRTrainer:
             result["dev"] = self.evaluate(self.dev)
             dev = self._dev_metrics()
             dev.update(final=result["dev"], final_step=end)
-            write_json_atomic(dev, self.workdir / "dev_metrics.json")
+            self._write_once(dev, self.workdir / "dev_metrics.json")
             result["dev_initial"] = dev.get("initial")
         return result
+
+    def _write_once(self, obj, path: pathlib.Path) -> None:
+        if self.pid == 0:
+            write_json_atomic(obj, path)
 
     def _dev_metrics(self) -> dict:
         path = self.workdir / "dev_metrics.json"
@@ -405,7 +445,7 @@ class LSRTrainer:
         """Recall@1/5/k of gold passages (when known) and P_R–Q agreement on ``examples``,
         searching a fresh index of the current parameters."""
         k = k or self.cfg.k
-        params = jax.device_get(self.state.params)
+        params = host_copy(self.state.params)
         emb = self.retriever.encode([corpus_text(p) for p in self.passages], params=params)
         index = Index.build(emb, self.store)
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
@@ -430,6 +470,6 @@ class LSRTrainer:
         from replug_jax.models import export_retriever
         from replug_jax.train.lsr import to_module
 
-        encoder = to_module(self.graphdef, self.template, jax.device_get(self.state.params))
+        encoder = to_module(self.graphdef, self.template, host_copy(self.state.params))
         model = dataclasses.replace(self.retriever.model, encoder=encoder)
         return export_retriever(model, out_dir, {"MODEL_CARD.md": card} if card else None)
