@@ -364,10 +364,23 @@ def build_faiss(source: EmbeddingSource, lo: int, hi: int, factory: str = "Flat"
         pass
     bar = tqdm(total=n, desc=f"adding to {factory}", unit="vector", mininterval=0.5,
                disable=not progress or n <= add_batch)
-    for a in range(lo, hi, add_batch):
-        x = source.rows(a, min(hi, a + add_batch))
-        base.add(x)
-        bar.update(len(x))
+    flat = faiss.downcast_index(base)
+    if type(flat) in (faiss.IndexFlatIP, faiss.IndexFlat) and n > 0:
+        # Size the flat storage once and fill it in place: growing it by ``add`` would
+        # reallocate and copy (peak up to twice the index); this way it is the index + a batch.
+        flat.codes.resize(n * flat.code_size)
+        view = faiss.rev_swig_ptr(flat.codes.data(), n * flat.code_size)
+        rows_ND = view.view(np.float32).reshape(n, source.dim)
+        for a in range(lo, hi, add_batch):
+            x = source.rows(a, min(hi, a + add_batch))
+            rows_ND[a - lo:a - lo + len(x)] = x
+            bar.update(len(x))
+        flat.ntotal = n
+    else:
+        for a in range(lo, hi, add_batch):
+            x = source.rows(a, min(hi, a + add_batch))
+            base.add(x)
+            bar.update(len(x))
     bar.close()
     return base
 
