@@ -49,17 +49,28 @@ def _passage_store(args, retriever):
             "chunk_unit": args.chunk_unit, "chunk_size": args.chunk_size,
             "overlap": args.overlap}
     spec_path, store_path = work / "corpus_spec.json", work / "passages.arrow"
-    if spec_path.exists() and json.loads(spec_path.read_text()) == spec:
+    import jax
+
+    from replug_jax.retrieval.index import barrier
+
+    def reusable() -> bool:
+        if not spec_path.exists() or json.loads(spec_path.read_text()) != spec:
+            return False
         try:
             PassageStore.open(store_path)
-            return store_path
+            return True
         except ValueError:
-            pass
-    tokenizer = retriever.model.tokenizer if args.chunk_unit == "tokens" else None
-    write_store(iter_chunks(iter_documents(corpus), size=args.chunk_size, overlap=args.overlap,
-                            unit=args.chunk_unit, tokenizer=tokenizer),
-                store_path, progress=not args.json)
-    write_json_atomic(spec, spec_path)
+            return False
+
+    # one process chunks (or finds the store of an interrupted build); the others wait for it
+    if jax.process_index() == 0 and not reusable():
+        tokenizer = retriever.model.tokenizer if args.chunk_unit == "tokens" else None
+        write_store(iter_chunks(iter_documents(corpus), size=args.chunk_size,
+                                overlap=args.overlap, unit=args.chunk_unit,
+                                tokenizer=tokenizer),
+                    store_path, progress=not args.json)
+        write_json_atomic(spec, spec_path)
+    barrier("replug_passages")
     return store_path
 
 
@@ -68,7 +79,9 @@ def _cmd_index_build(args) -> int:
 
     from replug_jax.retrieval.encoder import Retriever
     from replug_jax.retrieval.index import build_index
+    from replug_jax.sharding import initialize_distributed
 
+    initialize_distributed()  # a multi-host build: each process embeds its own shards
     t0 = time.perf_counter()
     retriever = Retriever.load(args.retriever, similarity=args.similarity,
                                max_length=args.max_length, batch_size=args.batch_size)

@@ -25,8 +25,21 @@ def initialize_distributed() -> None:
     """
     import os
 
-    if any(v in os.environ for v in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
-                                     "TPU_WORKER_HOSTNAMES")):
+    env = os.environ
+    if not any(v in env for v in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
+                                  "TPU_WORKER_HOSTNAMES")):
+        return
+    # CPU processes need a collectives backend (GPUs and TPUs bring their own)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if "JAX_COORDINATOR_ADDRESS" in env:  # explicit: jax does not read the other two itself
+        missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if v not in env]
+        if missing:
+            raise ValueError(f"JAX_COORDINATOR_ADDRESS is set but {' and '.join(missing)} "
+                             "is not: set all three for a multi-process run")
+        jax.distributed.initialize(coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
+                                   num_processes=int(env["JAX_NUM_PROCESSES"]),
+                                   process_id=int(env["JAX_PROCESS_ID"]))
+    else:  # SLURM or a TPU pod: jax finds the cluster itself
         jax.distributed.initialize()
 
 

@@ -350,4 +350,3 @@ def stop_position(text: str, stop) -> int | None:
     lead = len(text) - len(body)
     found = [body.find(s) for s in stop if s and s in body]
     return lead + min(found) if found else None
-

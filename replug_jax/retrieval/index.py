@@ -691,7 +691,8 @@ def _replace_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
 
 # -- building an index directory, resumably, on one or many processes ------------------------
 
-def _barrier(name: str) -> None:
+def barrier(name: str) -> None:
+    """Wait for every process (a no-op for one)."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -719,7 +720,7 @@ def embed_store(store: PassageStore, retriever, emb_dir: pathlib.Path, *,
         if process_index == 0:
             for f in emb_dir.glob("emb-*.npy"):
                 f.unlink()
-    _barrier("replug_emb_key")
+    barrier("replug_emb_key")
     if process_index == 0:
         write_json_atomic(key, key_path)
     n_shards = -(-len(store) // shard_rows)
@@ -750,7 +751,7 @@ def embed_store(store: PassageStore, retriever, emb_dir: pathlib.Path, *,
         if on_shard is not None:
             on_shard(s)
     bar.close()
-    _barrier("replug_emb_done")
+    barrier("replug_emb_done")
     return paths
 
 
@@ -787,16 +788,14 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
         store = PassageStore.from_passages(passages)
     store_path = work / STORE
     if pathlib.Path(store.name) != store_path:
-        existing = None
-        if store_path.exists():
+        if pid == 0:  # write the store, unless an interrupted build already did
             try:
-                existing = PassageStore.open(store_path)
+                same = PassageStore.open(store_path).checksum == store.checksum
             except ValueError:
-                existing = None
-        if existing is None or existing.checksum != store.checksum:
-            if pid == 0:
+                same = False
+            if not same:
                 store.write(store_path)
-            _barrier("replug_store")
+        barrier("replug_store")
         store = PassageStore.open(store_path)
     before = getattr(retriever, "truncated", 0)
     if embeddings is not None:
@@ -830,12 +829,12 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
         _write_shard(sd, ix, spec["lo"], spec["hi"], manifest)
         if on_shard is not None:
             on_shard(s)
-    _barrier("replug_shards")
+    barrier("replug_shards")
     if pid == 0:
         shutil.rmtree(work / "embeddings", ignore_errors=True)
         _finish(work, manifest)
         _replace_dir(work, out)
-    _barrier("replug_index_done")
+    barrier("replug_index_done")
     return Index.load(out, gpu=gpu)
 
 

@@ -1,0 +1,178 @@
+"""Two processes x 4 CPU devices (jax.distributed on localhost, gloo collectives) give what one
+process with 8 devices gives: the sharded exact top-k, and LSR steps across an index refresh."""
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_PRELUDE = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import jax
+    import numpy as np
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_compilation_cache_dir", {cache!r})
+    jax.distributed.initialize(coordinator_address="127.0.0.1:{port}", num_processes=2,
+                               process_id={pid})
+    assert jax.process_count() == 2 and len(jax.devices()) == 8
+    out = {out!r}
+""")
+
+_TOPK = textwrap.dedent("""
+    from replug_jax.retrieval.index import corpus_rows, shard_corpus, sharded_topk
+    from replug_jax.sharding import host_copy, make_mesh
+    from tests.test_datastore import clustered
+    emb, queries = clustered(1003, d=32), clustered(16, d=32, seed=2)
+    mesh = make_mesh()
+    mine = emb[corpus_rows(len(emb), mesh)]  # this process never sees the other rows
+    corpus, n = shard_corpus(mine, mesh, dtype=np.float32, n=len(emb))
+    scores, rows = host_copy(sharded_topk(queries, corpus, 20, n, mesh, block=50))
+    if jax.process_index() == 0:
+        np.savez(out, scores=scores, rows=rows, local=len(mine))
+""")
+
+_LSR = textwrap.dedent("""
+    import dataclasses, pathlib
+    from tests.test_lsr import BASE, make_trainer
+    from replug_jax.sharding import host_copy
+    cfg = dataclasses.replace(BASE, **{overrides!r})
+    t = make_trainer(pathlib.Path(out), "two", cfg)
+    t.run()
+    if jax.process_index() == 0:
+        leaves = jax.tree_util.tree_flatten_with_path(host_copy(t.state.params))[0]
+        np.savez(pathlib.Path(out) / "params.npz",
+                 **{{jax.tree_util.keystr(p): v for p, v in leaves}})
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_two(body: str, out: str, **fmt) -> None:
+    port = _free_port()
+    cache = str(jax.config.jax_compilation_cache_dir or "/tmp/jaxcache")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", _PRELUDE.format(root=ROOT, cache=cache, port=port, pid=pid,
+                                               out=out) + body.format(**fmt)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        for pid in (0, 1)]
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        assert p.returncode == 0, err[-3000:]
+
+
+def _need_eight():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+
+
+@pytest.mark.slow
+def test_two_processes_sharded_topk_equals_one_process(tmp_path):
+    _need_eight()
+    from replug_jax.retrieval.index import shard_corpus, sharded_topk
+    from replug_jax.sharding import make_mesh
+    from tests.test_datastore import clustered
+
+    out = str(tmp_path / "topk.npz")
+    _run_two(_TOPK, out)
+    two = np.load(out)
+    emb, queries = clustered(1003, d=32), clustered(16, d=32, seed=2)
+    mesh = make_mesh(8)
+    corpus, n = shard_corpus(emb, mesh, dtype=np.float32)
+    scores, rows = sharded_topk(queries, corpus, 20, n, mesh, block=50)
+    assert int(two["local"]) == 504  # half of the corpus padded to 1008 rows
+    np.testing.assert_array_equal(two["rows"], np.asarray(rows))
+    np.testing.assert_allclose(two["scores"], np.asarray(scores), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_two_processes_lsr_equals_one_process_across_a_refresh(tmp_path):
+    _need_eight()
+    from tests.test_lsr import BASE, _log, make_trainer
+
+    overrides = {"num_devices": 8, "total_steps": 5, "refresh_every": 2,
+                 "index_backend": "jax", "index_dtype": "float32"}
+    _run_two(_LSR, str(tmp_path), overrides=overrides)
+    one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, **overrides))
+    one.run()
+    two = np.load(tmp_path / "params.npz")
+    flat = jax.tree_util.tree_flatten_with_path(jax.device_get(one.state.params))[0]
+    assert len(flat) == len(two.files)
+    for path, a in flat:
+        name = jax.tree_util.keystr(path)
+        if "['key']['bias']" in name:  # zero true gradient: see test_eight_devices_equal_one
+            continue
+        np.testing.assert_allclose(two[name], a, atol=1e-5, err_msg=name)
+    log_two = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text()
+               .splitlines()]
+    log_one = _log(one)
+    assert [r["step"] for r in log_two] == list(range(5))
+    for ra, rb in zip(log_one, log_two):
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+        assert ra["gold_in_topk"] == rb["gold_in_topk"]  # the same passages retrieved
+        assert ra["index_version"] == rb["index_version"]
+    # each process caches the LM scores of its own rows: a pair that the other process scored
+    # earlier is scored again, never fewer
+    assert sum(r["lm_new_pairs"] for r in log_two) >= sum(r["lm_new_pairs"] for r in log_one)
+    assert log_two[-1]["index_version"] == 2  # two refreshes crossed
+    assert (tmp_path / "two" / "lm_scores.p1.sqlite").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_two_process_index_build_splits_embedding_and_shards(tmp_path):
+    """`replug index build` under jax.distributed (the standard JAX_* environment): each process
+    embeds its own embedding shards and builds its own FAISS shard; the result equals a
+    one-process build."""
+    from tests._models import packaged_or_skip
+
+    packaged_or_skip("minilm")
+    from replug_jax.cli import main
+    from replug_jax.retrieval.index import Index
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": f"Fact {i}: the number {i} "
+                                          f"is {'even' if i % 2 == 0 else 'odd'}."}) + "\n"
+                              for i in range(40)))
+    args = ["index", "build", "--corpus", str(corpus), "--shards", "2",
+            "--embed-shard-rows", "8", "--json"]
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    code = ("import sys; sys.path.insert(0, {root!r}); from replug_jax.cli import main; "
+            "sys.exit(main({argv!r}))")
+    procs = [subprocess.Popen(
+        [sys.executable, "-c",
+         code.format(root=ROOT, argv=args + ["--out", str(tmp_path / "two")])],
+        env={**env, "HF_HUB_OFFLINE": "1", "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+             "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(pid)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for pid in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    assert main(args + ["--out", str(tmp_path / "one")]) == 0
+    one, two = Index.load(tmp_path / "one"), Index.load(tmp_path / "two")
+    np.testing.assert_allclose(two.reconstruct_all(), one.reconstruct_all(), atol=1e-5)
+    assert two.manifest["corpus_checksum"] == one.manifest["corpus_checksum"]
+    assert [s["lo"] for s in two.manifest["shards"]] == [0, 20]
+    assert not (tmp_path / "two.partial").exists()
