@@ -582,14 +582,9 @@ class Index:
         except ValueError as err:
             raise IndexLoadError(str(err)) from err
         shards = []
-        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
         for spec in manifest["shards"]:
             sd = d / spec["dir"]
-            try:
-                ix = faiss.read_index(str(sd / "index.faiss"), flags)
-            except RuntimeError as err:
-                raise IndexLoadError(f"{sd / 'index.faiss'}: FAISS cannot read it "
-                                     f"({str(err).splitlines()[0]})") from err
+            ix = _read_faiss(sd / "index.faiss", mmap)
             if ix.ntotal != spec["hi"] - spec["lo"]:
                 raise IndexLoadError(f"{sd}: {ix.ntotal} vectors for rows {spec['lo']}.."
                                      f"{spec['hi'] - 1}")
@@ -624,6 +619,23 @@ def _assemble(store: PassageStore, scores_BF: np.ndarray, rows_BF: np.ndarray,
                       f"exclusions) for {short} of {b} queries; returning what exists",
                       stacklevel=3)
     return SearchResult(out_ids, out_scores, passages)
+
+
+def _read_faiss(path: pathlib.Path, mmap: bool):
+    """Read a FAISS file, memory-mapped when ``mmap``: flat codes through
+    ``IO_FLAG_MMAP_IFC``, inverted lists through ``IO_FLAG_MMAP`` (each refuses the other's
+    kind, so the first that applies is used)."""
+    import faiss
+
+    attempts = [faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY,
+                faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY] if mmap else [0]
+    error = None
+    for flags in attempts:
+        try:
+            return faiss.read_index(str(path), flags)
+        except RuntimeError as err:
+            error = err
+    raise IndexLoadError(f"{path}: FAISS cannot read it ({str(error).splitlines()[0]})")
 
 
 def _read_shard_info(sd: pathlib.Path) -> dict:
@@ -827,6 +839,7 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
         ix = build_faiss(source, spec["lo"], spec["hi"], factory, nprobe=nprobe,
                          train_size=train_size, seed=s, progress=progress)
         _write_shard(sd, ix, spec["lo"], spec["hi"], manifest)
+        del ix  # one shard in memory at a time
         if on_shard is not None:
             on_shard(s)
     barrier("replug_shards")
