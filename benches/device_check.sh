@@ -77,6 +77,14 @@ stage core_tests 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_core_ense
   tests/test_core_losses.py
 stage bench_inference 150 "$PY" -m benches.bench_inference --quick --lm "$LM"
 stage bench_lsr 150 "$PY" -m benches.bench_lsr --retriever "$RETRIEVER" --remat
+# The datastore at paper scale: embedding throughput (MiniLM- and BERT-base-shaped, bf16) and
+# the projected hours for 21M / 36M passages; exact top-k over a device-resident corpus.
+stage encode_minilm 150 "$PY" -m benches.bench_encode --retriever "$RETRIEVER" --dtype bfloat16
+if [ -d "$MODELS/bert-base" ]; then
+  stage encode_bert_base 150 "$PY" -m benches.bench_encode --retriever "$MODELS/bert-base" \
+    --dtype bfloat16 --name encode_bert-base_bfloat16
+fi
+stage sharded_topk 120 "$PY" -m benches.bench_sharded_topk --device-resident 20000000 --dim 768
 if [ -d "$MODELS/llama-1b" ]; then
   stage bench_llama1b 120 "$PY" -m benches.bench_inference --quick --lm "$MODELS/llama-1b" \
     --dtype bfloat16 --parts scoring,forward --name inference_llama1b

@@ -8,10 +8,11 @@ the device check ships only configs and tokenizers and fills in weights there:
     python -m benches.stand_in export --out .device/assets     # here: configs + tokenizers
     python -m benches.stand_in fill --assets .device/assets --out /tmp/models   # there
 
-``export`` writes three folders: ``minilm`` (the packaged retriever's folder without its
-weights), ``smollm2`` (the packaged GGUF's Llama configuration and tokenizer in Hugging Face
-layout) and ``llama-1b`` (Llama-3.2-1B's published shape and Llama 3 RoPE scaling, with
-SmolLM2's 49,152-token vocabulary, since Llama 3's tokenizer is not available offline).
+``export`` writes four folders: ``minilm`` (the packaged retriever's folder without its
+weights), ``bert-base`` (the same with BERT-base's shape, that of Contriever and DPR),
+``smollm2`` (the packaged GGUF's Llama configuration and tokenizer in Hugging Face layout)
+and ``llama-1b`` (Llama-3.2-1B's published shape and Llama 3 RoPE scaling, with SmolLM2's
+49,152-token vocabulary, since Llama 3's tokenizer is not available offline).
 ``fill`` adds a ``model.safetensors`` of random weights (transformers' own initialisation,
 ``torch.manual_seed(0)``) to each, so that our loaders and the PyTorch references read the same
 files.
@@ -63,6 +64,14 @@ def export(out: pathlib.Path) -> None:
     shutil.rmtree(minilm, ignore_errors=True)
     shutil.copytree(packaged_path("minilm"), minilm,
                     ignore=shutil.ignore_patterns(*WEIGHT_FILES, "*.onnx", "*.h5"))
+    # BERT-base's shape (Contriever, DPR) with MiniLM's vocabulary and tokenizer
+    base = out / "bert-base"
+    shutil.rmtree(base, ignore_errors=True)
+    shutil.copytree(minilm, base)
+    cfg = json.loads((minilm / "config.json").read_text())
+    cfg.update(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+               intermediate_size=3072)
+    write_json_atomic(cfg, base / "config.json")
     tokenizer = load_tokenizer("smollm2")
     smol = smollm2_hf_config()
     for name, cfg in (("smollm2", smol), ("llama-1b", {**LLAMA_1B, **{
