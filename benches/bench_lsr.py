@@ -23,7 +23,8 @@ import numpy as np
 
 from benches.common import best_time, matmul_peak_flops, torch_device, torch_synced, write
 from replug_jax.train.config import LSRConfig
-from replug_jax.train.lsr import init_state, make_optimizer, make_train_step, split_params
+from replug_jax.models.params import split_params
+from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
 
 
 def bert_train_flops(cfg, tokens: int) -> float:
@@ -59,7 +60,8 @@ def main(argv=None):
                     remat=args.remat)
     graphdef, template, params = split_params(retriever.model.encoder)
     tx = make_optimizer(cfg)
-    step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling)
+    step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
+                              retriever.normalize)
     rng = np.random.default_rng(0)
     b, k, lq, ld = args.batch, args.k, args.query_len, args.doc_len
     vocab = retriever.model.config.vocab_size

@@ -28,7 +28,7 @@ from experiments.configs.table1_lm import CONFIGS
 from replug_jax.eval.lm import WindowSettings, evaluate_lm, split_wikitext
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import chunk_documents
-from replug_jax.retrieval.index import Index
+from replug_jax.retrieval.index import index_in_memory
 
 DIFFERENCES = (
     "The paper evaluates on the Pile with a 367M-document Pile training corpus, Contriever and "
@@ -56,8 +56,7 @@ def wikitext_setup(cfg, lm, progress: bool = True):
 
 def build_pipe(cfg, retriever_source: str, lm, passages) -> Replug:
     retriever = load_retriever(retriever_source)
-    index = Index.build(retriever.encode_passages([p.text for p in passages]), passages,
-                        encoder=retriever.identity)
+    index = index_in_memory(passages, retriever)
     return Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
 
 

@@ -29,7 +29,7 @@ from experiments.configs.table2_mmlu import CONFIGS
 from experiments.table3_qa import wikipedia_passages
 from replug_jax.eval.mmlu import CATEGORIES, evaluate_mmlu, load_mmlu
 from replug_jax.replug import Replug
-from replug_jax.retrieval.index import Index
+from replug_jax.retrieval.index import index_in_memory
 
 DIFFERENCES = (
     "The paper runs Codex 5-shot on all 57 subjects with top-10 documents from a Wikipedia dump. "
@@ -57,8 +57,7 @@ def main(argv=None):
             if source is None:
                 continue
             retriever = load_retriever(source)
-            index = Index.build(retriever.encode_passages([p.text for p in passages]), passages,
-                                encoder=retriever.identity)
+            index = index_in_memory(passages, retriever)
             pipe = Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature,
                           seed=cfg.seed)
             modes = cfg.modes if label == "replug" else ("replug",)

@@ -35,7 +35,7 @@ from replug_jax.eval.qa import exact_match, f1_score, first_line
 from replug_jax.prompts import qa_prompt
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage
-from replug_jax.retrieval.index import Index
+from replug_jax.retrieval.index import index_in_memory
 
 
 def load_nq():
@@ -132,8 +132,7 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
     from tqdm.auto import tqdm
 
     retriever = load_retriever(retriever_source)
-    index = Index.build(retriever.encode_passages([p.text for p in passages]), passages,
-                        encoder=retriever.identity)
+    index = index_in_memory(passages, retriever)
     pipe = Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
     selected = select_questions(cfg, questions)
     demos = [(questions[-1 - j], answers[-1 - j][0]) for j in range(cfg.shots)]
@@ -227,6 +226,7 @@ def main(argv=None):
                            if cfg.dataset == "nq_open" else
                            "NQ questions with the 624 gold passages as the retrieval corpus")
                + f"; {cfg.shots}-shot plain prompts; query = question"}
+
     def cell(r, key):  # "—" where a mode did not measure it (no generation, no retrieval)
         value = r.get(key)
         return "—" if value is None or np.isnan(value) else f"{value:.3f}"

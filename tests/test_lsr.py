@@ -233,7 +233,8 @@ def test_long_documents_are_cut_to_the_lm_context(tmp_path):
 
 def test_remat_gives_the_same_step():
     """Gradient checkpointing changes memory, not the update (same loss, same parameters)."""
-    from replug_jax.train.lsr import init_state, make_optimizer, make_train_step, split_params
+    from replug_jax.models.params import split_params
+    from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
 
     retriever = tiny_retriever(0)
     graphdef, template, params = split_params(retriever.model.encoder)
@@ -250,7 +251,8 @@ def test_remat_gives_the_same_step():
     for remat in (False, True):
         cfg = dataclasses.replace(BASE, remat=remat)
         tx = make_optimizer(cfg)
-        step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling)
+        step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
+                                  retriever.normalize)
         state, metrics = step(init_state(params, tx), batch)
         jaxpr = str(jax.make_jaxpr(step)(init_state(params, tx), batch))
         assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
@@ -296,3 +298,31 @@ def test_configs_that_would_silently_misbehave_are_refused():
     with pytest.raises(ValueError, match="marginal' needs lm_score 'sum'"):
         dataclasses.replace(BASE, objective="marginal", lm_score="mean")
     assert dataclasses.replace(BASE, objective="marginal", lm_score="sum").objective == "marginal"
+
+
+def test_train_step_scores_documents_as_the_index_does_for_dot_on_a_normalising_model():
+    """similarity='dot' on a model that declares L2 normalisation (as MiniLM does): the index
+    (Retriever.encode) and the LSR step used to disagree, normalising in one and not the other."""
+    from replug_jax.models.params import split_params
+    from replug_jax.retrieval.index import corpus_text
+    from replug_jax.train.lsr import make_optimizer, make_train_step
+
+    retriever = tiny_retriever(0, similarity="dot")
+    retriever.model.normalize = True
+    retriever = type(retriever)(retriever.model, similarity="dot", max_length=64, batch_size=8)
+    assert retriever.normalize
+    cfg = dataclasses.replace(BASE, similarity="dot")
+    graphdef, template, params = split_params(retriever.model.encoder)
+    _, scores_fn = make_train_step(graphdef, template, cfg, make_optimizer(cfg),
+                                   retriever.model.pooling, retriever.normalize)
+    docs = [corpus_text(p) for p in PASSAGES[:4]]
+    query = TRAIN[0].query
+    tok = retriever.model.tokenizer
+    q = tok([query], padding="max_length", max_length=16, return_tensors="np")
+    d = tok(docs, padding="max_length", max_length=32, return_tensors="np")
+    batch = {"query_ids": q["input_ids"], "query_mask": q["attention_mask"],
+             "doc_ids": d["input_ids"][None], "doc_mask": d["attention_mask"][None]}
+    step_scores = np.asarray(scores_fn(params, batch))[0]
+    index_scores = retriever.encode_passages(docs) @ retriever.encode_queries([query])[0]
+    np.testing.assert_allclose(step_scores, index_scores, atol=1e-5)
+    assert np.all(np.abs(step_scores) <= 1 + 1e-5)  # cosines: both sides normalised

@@ -244,3 +244,17 @@ def test_nq_gold_passage_recall_at_5(shared_data, minilm):
     recall = float(np.mean([i in row for i, row in enumerate(ids)]))
     print(f"NQ gold recall@5 = {recall:.3f} over {len(rows)} questions")
     assert recall >= 0.90, recall
+
+
+def test_an_experiment_index_equals_the_cli_index_over_the_same_passages(tmp_path, minilm):
+    """Experiments used to embed ``p.text`` while the CLI embeds the title too."""
+    from replug_jax.retrieval.corpus import Passage
+    from replug_jax.retrieval.index import index_in_memory
+
+    passages = [Passage(i, f"Fact {i} about the river.", title=f"River {i}") for i in range(6)]
+    on_disk = build_index(passages, minilm, tmp_path / "idx", progress=False)
+    in_memory = index_in_memory(passages, minilm)
+    np.testing.assert_allclose(in_memory.reconstruct_all(), on_disk.reconstruct_all(),
+                               atol=1e-6)
+    bare = minilm.encode_passages([p.text for p in passages])
+    assert np.abs(bare - in_memory.reconstruct_all()).max() > 1e-2  # the title matters

@@ -147,6 +147,19 @@ def _apply_layer(layer, x_BLD, mask_BL):
     return layer(x_BLD, mask_BL)
 
 
+def embed(encoder: "BertEncoder", ids_BL, mask_BL, *, pooling: Pooling, normalize: bool,
+          remat: bool = False):
+    """``E(x)`` for a batch of token ids (paper §3.1, Eq. 1): the one embedding function the
+    index, the queries, the LSR step and the refresh all use, so they score alike."""
+    return pool(encoder(ids_BL, mask_BL, remat=remat), mask_BL, pooling, normalize)
+
+
+def embeds_normalized(similarity: str, model_normalizes: bool) -> bool:
+    """Whether embeddings are L2-normalised: for cosine similarity (Eq. 1), or when the model
+    declares normalisation (sentence-transformers' Normalize, as MiniLM does)."""
+    return similarity == "cosine" or model_normalizes
+
+
 def pool(hidden_BLD, attention_mask_BL, pooling: Pooling = "mean", normalize: bool = False):
     """Text embedding ``E(·)`` from the last layer (paper §3.1): masked mean or CLS.
 

@@ -21,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from replug_jax.models import RetrieverModel, load_retriever, pool
+from replug_jax.models import RetrieverModel, load_retriever
+from replug_jax.models.bert import embed, embeds_normalized
+from replug_jax.models.params import split_params, to_module
 
 # Padding lengths. Finer steps than powers of two: on 2 CPU cores the demo corpus encodes in
 # 27 s with these against 38 s with (16, 32, 64, ..., 512), for a few more compilations.
@@ -65,16 +67,14 @@ class Retriever:
         self.batch_size = -(-batch_size // n_dev) * n_dev  # a multiple of the device count
         self.buckets = tuple(b for b in BUCKETS if b < self.max_length) + (self.max_length,)
         self.truncated = 0  # texts cut to max_length since creation
-        from replug_jax.train.lsr import split_params, to_module
-
         graphdef, template, self.params = split_params(model.encoder)
-        normalize = similarity == "cosine" or model.normalize
+        self.normalize = normalize = embeds_normalized(similarity, model.normalize)
         pooling = model.pooling
 
         @jax.jit
         def _encode(params, ids_BL, mask_BL):
-            hidden = to_module(graphdef, template, params)(ids_BL, mask_BL)
-            return pool(hidden, mask_BL, pooling, normalize)
+            return embed(to_module(graphdef, template, params), ids_BL, mask_BL,
+                         pooling=pooling, normalize=normalize)
 
         self._encode = _encode
 

@@ -556,8 +556,6 @@ class Index:
              gpu: str = "auto") -> "Index":
         """Load and check an index directory; refuse a mismatched encoder or corpus, a
         missing, truncated or corrupt file, or a shard of another index."""
-        import faiss
-
         d = pathlib.Path(directory)
         manifest = cls._read_manifest(d)
         if expect_encoder is not None:
@@ -849,6 +847,17 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
         _replace_dir(work, out)
     barrier("replug_index_done")
     return Index.load(out, gpu=gpu)
+
+
+def index_in_memory(passages: Sequence[Passage], retriever, *, factory: str = "Flat",
+                    nprobe: int = 16, extra: dict | None = None) -> Index:
+    """An in-memory index of ``passages`` embedded exactly as :func:`build_index` embeds them
+    (:func:`corpus_text`: the title prepended), for experiments and small corpora."""
+    if not passages:
+        raise ValueError("cannot build an index from an empty corpus")
+    emb = retriever.encode_passages([corpus_text(p) for p in passages])
+    return Index.build(emb, passages, factory=factory, nprobe=nprobe,
+                       encoder=retriever.identity, extra=extra)
 
 
 def corpus_text(passage: Passage) -> str:

@@ -39,6 +39,7 @@ from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import host_copy, local_rows, make_mesh, replicate, shard_batch
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import Example, batch_indices
+from replug_jax.models.params import split_params, to_module
 from replug_jax.train.lsr import TrainState, init_state, make_optimizer, make_train_step
 from replug_jax.train.supervision import LMScoreCache, lm_scores
 
@@ -101,12 +102,14 @@ class LSRTrainer:
             raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the "
                              f"{self.mesh.devices.size} devices of the mesh")
         self._check_workdir()
-        from replug_jax.train.lsr import split_params
-
+        if retriever.similarity != cfg.similarity:
+            raise ValueError(f"the retriever uses {retriever.similarity!r} similarity but the "
+                             f"config says {cfg.similarity!r}")
         self.graphdef, self.template, params = split_params(retriever.model.encoder)
         self.tx = make_optimizer(cfg)
-        self.train_step, self.scores_fn = make_train_step(self.graphdef, self.template, cfg,
-                                                          self.tx, retriever.model.pooling)
+        self.train_step, self.scores_fn = make_train_step(
+            self.graphdef, self.template, cfg, self.tx, retriever.model.pooling,
+            retriever.normalize)
         self.state = replicate(init_state(params, self.tx), self.mesh)
         # one LM-score cache per process: each scores only its own rows of every batch
         self.pid, self.pcount = jax.process_index(), jax.process_count()
@@ -468,8 +471,6 @@ class LSRTrainer:
     def export(self, out_dir: str | pathlib.Path, card: str = "") -> pathlib.Path:
         """The trained retriever in HF layout (see :func:`replug_jax.models.export_retriever`)."""
         from replug_jax.models import export_retriever
-        from replug_jax.train.lsr import to_module
-
         encoder = to_module(self.graphdef, self.template, host_copy(self.state.params))
         model = dataclasses.replace(self.retriever.model, encoder=encoder)
         return export_retriever(model, out_dir, {"MODEL_CARD.md": card} if card else None)

@@ -14,10 +14,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 from replug_jax.core.losses import lsr_distributions, lsr_loss, marginal_nll_loss
-from replug_jax.models.bert import pool
+from replug_jax.models.bert import embed
+from replug_jax.models.params import split_params, to_module  # noqa: F401 (re-exported)
 
 
 class TrainState(NamedTuple):
@@ -56,39 +56,25 @@ def _entropy(log_p):
     return -jnp.sum(jnp.where(p > 0, p * jnp.where(p > 0, log_p, 0.0), 0.0), axis=-1)
 
 
-def split_params(module: nnx.Module):
-    """``(graphdef, template, params)``: params as a plain nested dict of arrays (what optax
-    and orbax see); ``template`` is the abstract state used to rebuild the module."""
-    graphdef, state = nnx.split(module)
-    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-    return graphdef, template, nnx.to_pure_dict(state)
-
-
-def to_module(graphdef, template, params) -> nnx.Module:
-    state = jax.tree.map(lambda x: x, template)
-    nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(graphdef, state)
-
-
-def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, pooling: str):
+def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, pooling: str,
+                    normalize: bool):
     """Build the jitted ``train_step`` and a jitted ``scores_fn``.
 
-    ``graphdef``/``template`` are the retriever's static structure (see :func:`split_params`).
+    ``graphdef``/``template`` are the retriever's static structure (see :func:`split_params`);
+    ``pooling`` and ``normalize`` must be the retriever's (``Retriever.normalize``), so that
+    the step scores documents exactly as the index does.
 
     Batch fields: ``query_ids/query_mask [B, Lq]``, ``doc_ids/doc_mask [B, K, Ld]``,
     ``doc_valid [B, K]`` (False for padding documents), ``lm_scores [B, K]``.
     """
-    normalize = cfg.similarity == "cosine"
-
     def scores_fn(params, batch):
         encoder = to_module(graphdef, template, params)
         b, k, ld = batch["doc_ids"].shape
-        q_BD = pool(encoder(batch["query_ids"], batch["query_mask"], remat=cfg.remat),
-                    batch["query_mask"], pooling, normalize)
+        kw = dict(pooling=pooling, normalize=normalize, remat=cfg.remat)
+        q_BD = embed(encoder, batch["query_ids"], batch["query_mask"], **kw)
         d_ids = batch["doc_ids"].reshape(b * k, ld)
         d_mask = batch["doc_mask"].reshape(b * k, ld)
-        d_BKD = pool(encoder(d_ids, d_mask, remat=cfg.remat), d_mask, pooling,
-                     normalize).reshape(b, k, -1)
+        d_BKD = embed(encoder, d_ids, d_mask, **kw).reshape(b, k, -1)
         return jnp.einsum("bd,bkd->bk", q_BD, d_BKD)
 
     def loss_fn(params, batch):
