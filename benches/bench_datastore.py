@@ -33,9 +33,11 @@ BATCH = 64
 K = 20
 
 
-def rss_mib() -> float:
+def rss_mib(field: str = "VmRSS") -> float:
+    """Resident memory; ``RssAnon`` is the process's own, ``RssFile`` mapped file pages (page
+    cache the kernel can drop, shared with every process mapping the file)."""
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -82,6 +84,27 @@ def child(argv: list[str]) -> None:
             np.save(idx.with_suffix(f".ids{nprobe}.npy"), ids[:, :10])
             out["by_nprobe"][nprobe] = {"qps": QUERIES / seconds}
         out |= {"rss_after_search_mib": rss_mib() - rss0, "search_peak_rss_mib": peak_mib()}
+    elif step == "store":  # random access into the memory-mapped passage store
+        from replug_jax.retrieval.store import PassageStore
+
+        anon0, file0 = rss_mib("RssAnon"), rss_mib("RssFile")
+        t0 = time.perf_counter()
+        store = PassageStore.open(data / "passages.arrow")
+        open_s = time.perf_counter() - t0
+        ids = np.random.default_rng(0).integers(len(store), size=10000)
+        t0 = time.perf_counter()
+        for i in ids[:2000]:
+            store[int(i)]
+        one_us = (time.perf_counter() - t0) / 2000 * 1e6
+        t0 = time.perf_counter()
+        for start in range(0, len(ids), 64 * 20):  # a search's passages: batch 64 x k 20
+            store.take(ids[start:start + 64 * 20])
+        batch_us = (time.perf_counter() - t0) / len(ids) * 1e6
+        out = {"n": len(store), "open_s": open_s, "lookup_us": one_us,
+               "lookup_in_batches_us": batch_us,
+               "rss_anon_after_mib": rss_mib("RssAnon") - anon0,
+               "rss_file_after_mib": rss_mib("RssFile") - file0,
+               "file_mib": (data / "passages.arrow").stat().st_size / 2**20}
     else:  # the real command, query encoded by the packaged MiniLM
         from replug_jax.cli import main as cli
 
@@ -117,8 +140,28 @@ def main(argv=None) -> None:
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/replug_datastore"),
                     help="scratch folder (datastores are kept there for reruns)")
     ap.add_argument("--keep", action="store_true", help="keep the built indexes")
+    ap.add_argument("--store-only", action="store_true",
+                    help="only the passage store's random-access latency and RSS "
+                    "(datastore_store.{json,md})")
     args = ap.parse_args(argv)
     from benches.synthetic import write_datastore
+
+    if args.store_only:
+        rows, results = [], []
+        for n in args.sizes:
+            data = args.work / f"n{n}"
+            if not (data / "passages.arrow").exists():
+                write_datastore(data, n)
+            r = run_child("store", str(data), str(data))
+            results.append(r)
+            rows.append((f"{n:,}", f"{r['file_mib']:.0f}", f"{r['open_s'] * 1e3:.1f} ms",
+                         f"{r['lookup_us']:.0f} µs", f"{r['lookup_in_batches_us']:.1f} µs",
+                         f"{r['rss_anon_after_mib']:.0f}", f"{r['rss_file_after_mib']:.0f}"))
+        write("datastore_store", {"results": results}, rows,
+              ("N", "passages.arrow MiB", "open", "one lookup by id",
+               "per passage, 1280 at a time", "own memory (RssAnon) after 10k lookups, MiB",
+               "mapped file pages (RssFile), MiB"))
+        return
 
     rows, results = [], []
     for n in args.sizes:

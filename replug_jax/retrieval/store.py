@@ -95,6 +95,7 @@ class PassageStore:
                  name: str = "<memory>"):
         self._batches = batches
         self._reader = reader
+        self._open_batches: dict[int, pa.RecordBatch] = {}
         self.meta = meta
         self.name = name
         self.n = int(meta["n"])
@@ -157,7 +158,10 @@ class PassageStore:
     def _get_batch(self, b: int) -> pa.RecordBatch:
         if self._batches is not None:
             return self._batches[b]
-        return self._reader.get_batch(b)
+        batch = self._open_batches.get(b)
+        if batch is None:  # zero-copy views of the mapped file: only metadata is kept
+            batch = self._open_batches[b] = self._reader.get_batch(b)
+        return batch
 
     def __len__(self) -> int:
         return self.n
