@@ -6,6 +6,7 @@ Every sub-command takes ``--json`` for machine-readable output and ``--help`` fo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -306,12 +307,29 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _serve_settings(args):
+    """Limits and the API key of `replug serve`, checked before the model loads."""
+    from replug_jax.lm.server import API_KEY_ENV, ServeLimits, is_loopback
+
+    limits = ServeLimits(**{f.name: getattr(args, f.name)
+                            for f in dataclasses.fields(ServeLimits)})
+    for f in dataclasses.fields(ServeLimits):
+        if getattr(limits, f.name) <= 0:
+            raise ValueError(f"--{f.name.replace('_', '-')} must be positive")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if not is_loopback(args.host) and api_key is None and not args.insecure:
+        raise ValueError(f"refusing to serve on {args.host} without an API key: pass --api-key "
+                         f"(or set ${API_KEY_ENV}), or --insecure")
+    return limits, api_key
+
+
 def _cmd_serve(args) -> int:
     from replug_jax.lm.flax_scorer import FlaxLM
     from replug_jax.lm.server import serve
 
+    limits, api_key = _serve_settings(args)
     serve(FlaxLM.load(args.lm, dtype=args.dtype, max_context=args.max_context), args.host,
-          args.port, args.model_name)
+          args.port, args.model_name, limits=limits, api_key=api_key, insecure=args.insecure)
     return 0
 
 
@@ -517,6 +535,24 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                      help="parameter dtype")
     srv.add_argument("--max-context", type=int, default=2048, help="context limit in tokens")
+    srv.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' on /v1 routes (default: "
+                     "$REPLUG_SERVE_API_KEY; never logged)")
+    srv.add_argument("--insecure", action="store_true",
+                     help="allow a non-loopback --host without an API key")
+    from replug_jax.lm.server import ServeLimits
+
+    helps = {"max_prompts": "prompts per request", "max_tokens": "new tokens per prompt",
+             "max_logprobs": "top-n logprobs per token",
+             "max_prompt_logprobs": "top-n prompt_logprobs per token",
+             "max_body_bytes": "request body size in bytes",
+             "queue_size": "requests waiting before the server answers 429",
+             "max_batch": "prompts of concurrent requests run as one batch",
+             "batch_window_s": "seconds the worker waits to fill a batch",
+             "request_timeout_s": "seconds a request may wait and run before 504"}
+    for f in dataclasses.fields(ServeLimits):
+        srv.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default),
+                         default=f.default, help=f"{helps[f.name]} (default {f.default})")
     _add_json(srv)
     srv.set_defaults(func=_cmd_serve)
 
@@ -596,6 +632,7 @@ def check_args(args) -> None:
 
         require("fastapi", "serve", "replug serve")
         require("uvicorn", "serve", "replug serve")
+        _serve_settings(args)
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:

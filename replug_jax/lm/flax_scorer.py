@@ -200,16 +200,28 @@ class FlaxLM:
 
     def position_top_logprobs(self, ids: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``n`` next-token ``(log-probs, ids)`` after every position of one sequence."""
-        L = self._bucket(len(ids))
-        tokens = np.full((1, L), self.pad_id, np.int32)
-        positions = np.full((1, L), -1, np.int32)
-        tokens[0, :len(ids)] = ids
-        positions[0, :len(ids)] = np.arange(len(ids))
+        return self.positions_top_logprobs([ids], n)[0]
+
+    def positions_top_logprobs(self, seqs: Sequence[list[int]], n: int
+                               ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`position_top_logprobs` for many sequences, batched and bucketed."""
+        out: list = [None] * len(seqs)
+        order = np.argsort([len(s) for s in seqs], kind="stable")
         with Timer() as t:
-            lp, top = self._topn_fn(self.state, tokens, positions, n)
-            lp, top = np.asarray(lp[0, :len(ids)]), np.asarray(top[0, :len(ids)])
-        self.cost.add(1, len(ids), 0, t.seconds)
-        return lp, top
+            for rows in self._batches(len(order)):
+                idx = [int(order[r]) for r in rows]
+                L = self._bucket(max(len(seqs[i]) for i in idx))
+                tokens = np.full((len(idx), L), self.pad_id, np.int32)
+                positions = np.full((len(idx), L), -1, np.int32)
+                for j, i in enumerate(idx):
+                    tokens[j, :len(seqs[i])] = seqs[i]
+                    positions[j, :len(seqs[i])] = np.arange(len(seqs[i]))
+                lp, top = self._topn_fn(self.state, tokens, positions, n)
+                lp, top = np.asarray(lp), np.asarray(top)
+                for j, i in enumerate(idx):
+                    out[i] = (lp[j, :len(seqs[i])], top[j, :len(seqs[i])])
+        self.cost.add(len(seqs), sum(map(len, seqs)), 0, t.seconds)
+        return out
 
     def top_logprobs(self, prompts: Sequence[str], n: int) -> list[dict[str, float]]:
         lp = self.next_token_logprobs(prompts)

@@ -6,17 +6,49 @@ Implements ``POST /v1/completions`` with ``prompt`` (string or list), ``max_toke
 (0 = greedy), ``top_p``, ``stop``, ``seed``, and vLLM's ``prompt_logprobs``; plus
 ``GET /v1/models`` and ``GET /health``. The API backend is tested against it, and researchers
 can put any local model behind it.
+
+Under load, requests wait in a bounded queue; one worker takes the oldest and, for up to
+``batch_window_s``, every queued request that can share its forward passes (scoring requests
+always; greedy generations with the same ``max_tokens`` and ``stop``), and runs them as one
+batch: one bucketed scoring call, one coordinated decode. A full queue answers 429 with
+``Retry-After``; a request that waits longer than ``request_timeout_s`` answers 504. Every
+limit (:class:`ServeLimits`) is a 400 that names it. With an API key (``--api-key`` or
+``$REPLUG_SERVE_API_KEY``) every ``/v1`` route needs ``Authorization: Bearer <key>``; the key
+is compared in constant time and never logged.
 """
 
+import collections
+import dataclasses
+import queue
+import secrets
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from replug_jax.extras import require
-from replug_jax.lm.flax_scorer import FlaxLM
+
+if TYPE_CHECKING:  # the limits are read by the CLI parser, which must not load JAX
+    from replug_jax.lm.flax_scorer import FlaxLM
+
+API_KEY_ENV = "REPLUG_SERVE_API_KEY"
+
+
+@dataclasses.dataclass
+class ServeLimits:
+    """What one request may ask for, and how requests are queued and batched."""
+
+    max_prompts: int = 32  # prompts per request
+    max_tokens: int = 512  # new tokens per prompt
+    max_logprobs: int = 20  # top-n alternatives per token
+    max_prompt_logprobs: int = 20
+    max_body_bytes: int = 1 << 20
+    queue_size: int = 64  # requests waiting; beyond this, 429
+    max_batch: int = 16  # prompts sharing one batch (requests are never split)
+    batch_window_s: float = 0.01  # how long the worker gathers a batch
+    request_timeout_s: float = 300.0  # queue + compute, then 504
 
 
 def _request_model():
@@ -39,7 +71,7 @@ def _request_model():
     return CompletionRequest
 
 
-def _tokens_with_offsets(lm: FlaxLM, text: str) -> tuple[list[int], list[str], list[int]]:
+def _tokens_with_offsets(lm: "FlaxLM", text: str) -> tuple[list[int], list[str], list[int]]:
     enc = lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     offsets = [s for s, _ in enc["offset_mapping"]]
@@ -50,109 +82,334 @@ def _tokens_with_offsets(lm: FlaxLM, text: str) -> tuple[list[int], list[str], l
     return ids, strings, offsets
 
 
-def _logprob_block(lm: FlaxLM, ids: list[int], strings: list[str], offsets: list[int],
-                   start: int, n_top: int | None) -> dict:
-    """OpenAI-style logprobs for tokens ``ids[start:]`` given everything before them."""
-    seq = lm.bos + ids
-    shift = len(lm.bos)
-    token_lp: list[float | None] = []
-    top: list[dict[str, float] | None] = []
-    need = max(n_top or 0, 1)
-    lp_top, id_top = lm.position_top_logprobs(seq, need)
-    full = lm.score_token_ids([seq[:max(shift + start, 1)]], [seq[max(shift + start, 1):]])[0] \
-        if len(seq) > max(shift + start, 1) else np.zeros(0, np.float32)
-    offset = 0
-    for i in range(start, len(ids)):
-        pos = shift + i
-        if pos == 0:  # first token without a BOS: nothing predicts it
-            token_lp.append(None)
-            top.append(None)
-            continue
-        token_lp.append(float(full[offset]))
-        offset += 1
-        if n_top:
-            top.append({lm.tokenizer.decode([int(t)], skip_special_tokens=True): float(v)
-                        for t, v in zip(id_top[pos - 1][:n_top], lp_top[pos - 1][:n_top])})
+class RequestError(ValueError):
+    """A request the server refuses: ``status`` and a message that names the problem."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
+
+
+def validate(req, lm: "FlaxLM", limits: ServeLimits) -> list[str]:
+    """The request's prompts, or a :class:`RequestError` naming the limit it breaks."""
+    prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+    if not prompts:
+        raise RequestError(400, "prompt is empty")
+    checks = [
+        (len(prompts) <= limits.max_prompts,
+         f"{len(prompts)} prompts exceed the limit of {limits.max_prompts} per request "
+         "(max_prompts)"),
+        (req.max_tokens >= 0, "max_tokens must be >= 0"),
+        (req.max_tokens <= limits.max_tokens,
+         f"max_tokens {req.max_tokens} exceeds the limit of {limits.max_tokens} (max_tokens)"),
+        (req.logprobs is None or 0 <= req.logprobs <= limits.max_logprobs,
+         f"logprobs must be in 0..{limits.max_logprobs} (max_logprobs)"),
+        (req.prompt_logprobs is None or 0 <= req.prompt_logprobs <= limits.max_prompt_logprobs,
+         f"prompt_logprobs must be in 0..{limits.max_prompt_logprobs} (max_prompt_logprobs)"),
+        (np.isfinite(req.temperature) and req.temperature >= 0,
+         "temperature must be a finite number >= 0"),
+        (np.isfinite(req.top_p) and 0 < req.top_p <= 1, "top_p must be in (0, 1]"),
+        (req.seed is None or 0 <= req.seed < 2**32, "seed must be in 0..2**32-1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise RequestError(400, message)
+    return prompts
+
+
+@dataclasses.dataclass
+class _Job:
+    req: Any
+    prompts: list[str]
+    key: tuple  # requests with equal keys can share one decode
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+    cancelled: bool = False
+
+
+class Batcher:
+    """The bounded request queue and the worker that runs compatible requests as one batch."""
+
+    def __init__(self, lm: "FlaxLM", limits: ServeLimits):
+        self.lm, self.limits = lm, limits
+        self.queue: queue.Queue[_Job] = queue.Queue(maxsize=limits.queue_size)
+        self.stats = {"requests": 0, "batches": 0, "largest_batch": 0, "rejected_full": 0,
+                      "timed_out": 0}
+        self._deferred: collections.deque[_Job] = collections.deque()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replug-serve-batcher",
+                                        daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def key(req) -> tuple:
+        if req.max_tokens == 0:
+            return ("score",)
+        if req.temperature > 0:  # sampled: its own seed and RNG stream, never shared
+            return ("sample", uuid.uuid4().hex)
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        return ("greedy", req.max_tokens, stop)
+
+    def submit(self, req, prompts: list[str]) -> dict:
+        job = _Job(req, prompts, self.key(req))
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            self.stats["rejected_full"] += 1
+            raise RequestError(429, f"the server is busy: {self.limits.queue_size} requests "
+                               "are already queued (queue_size); retry later",
+                               {"Retry-After": "1"}) from None
+        if not job.done.wait(self.limits.request_timeout_s):
+            job.cancelled = True
+            self.stats["timed_out"] += 1
+            raise RequestError(504, f"the request did not finish within "
+                               f"{self.limits.request_timeout_s:g} s (request_timeout_s)")
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the worker."""
+        self._stop.set()
+        self._thread.join(timeout=self.limits.request_timeout_s)
+
+    def _next(self, timeout: float) -> _Job | None:
+        if self._deferred:
+            return self._deferred.popleft()
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _run(self) -> None:
+        while not (self._stop.is_set() and self.queue.empty() and not self._deferred):
+            first = self._next(0.1)
+            if first is None:
+                continue
+            group, later = [first], []
+            rows = len(first.prompts)
+            deadline = time.monotonic() + self.limits.batch_window_s
+            while rows < self.limits.max_batch:
+                job = self._next(max(0.0, deadline - time.monotonic()))
+                if job is None:
+                    break
+                if job.key == first.key and rows + len(job.prompts) <= self.limits.max_batch:
+                    group.append(job)
+                    rows += len(job.prompts)
+                else:
+                    later.append(job)
+            self._deferred.extend(later)
+            group = [j for j in group if not j.cancelled]
+            if not group:
+                continue
+            try:
+                results = run_batch(self.lm, group)
+                for job, result in zip(group, results):
+                    job.result = result
+            except BaseException as err:  # surfaced to every request of the batch
+                for job in group:
+                    job.error = err
+            self.stats["requests"] += len(group)
+            self.stats["batches"] += 1
+            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(group))
+            for job in group:
+                job.done.set()
+
+
+_Item = tuple[list[int], list[str], list[int], int, "int | None"]
+
+
+def _logprob_blocks(lm: "FlaxLM", items: list[_Item]) -> list[dict]:
+    """OpenAI-style logprobs for many ``(ids, strings, offsets, start, n_top)`` at once: token
+    ``ids[start:]`` given everything before it, scored in one batched call."""
+    seqs = [lm.bos + ids for ids, *_ in items]
+    cuts = [max(len(lm.bos) + start, 1) for _, _, _, start, _ in items]
+    need = [i for i, (seq, cut) in enumerate(zip(seqs, cuts)) if len(seq) > cut]
+    full = dict(zip(need, lm.score_token_ids([seqs[i][:cuts[i]] for i in need],
+                                             [seqs[i][cuts[i]:] for i in need])))
+    with_top = [i for i, item in enumerate(items) if item[4]]
+    n_max = max([items[i][4] for i in with_top], default=0)
+    tops = dict(zip(with_top, lm.positions_top_logprobs([seqs[i] for i in with_top], n_max)))
+    blocks = []
+    for i, (ids, strings, offsets, start, n_top) in enumerate(items):
+        shift = len(lm.bos)
+        token_lp: list[float | None] = []
+        top: list[dict[str, float] | None] = []
+        scored = full.get(i, np.zeros(0, np.float32))
+        offset = 0
+        for t in range(start, len(ids)):
+            pos = shift + t
+            if pos == 0:  # first token without a BOS: nothing predicts it
+                token_lp.append(None)
+                top.append(None)
+                continue
+            token_lp.append(float(scored[offset]))
+            offset += 1
+            if n_top:
+                lp_top, id_top = tops[i]
+                top.append({lm.tokenizer.decode([int(x)], skip_special_tokens=True): float(v)
+                            for x, v in zip(id_top[pos - 1][:n_top], lp_top[pos - 1][:n_top])})
+            else:
+                top.append(None)
+        blocks.append({"tokens": strings[start:], "token_logprobs": token_lp,
+                       "text_offset": offsets[start:], "top_logprobs": top if n_top else None})
+    return blocks
+
+
+def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
+    """Answer every job of a batch: one coordinated decode for all their prompts (the jobs
+    share a key), then one batched scoring pass for every logprob block."""
+    flat = [(j, i, p) for j, job in enumerate(jobs) for i, p in enumerate(job.prompts)]
+    req0 = jobs[0].req
+    gen = {}
+    if req0.max_tokens > 0:
+        stop = [req0.stop] if isinstance(req0.stop, str) else list(req0.stop or [])
+        # rows padded to a power of two (copies of the first prompt, discarded): a few decode
+        # shapes to compile rather than one per batch size
+        rows = [[p] for _, _, p in flat]
+        rows += [rows[0]] * ((1 << (len(rows) - 1).bit_length()) - len(rows))
+        g = lm.generate_ensemble(rows, np.zeros((len(rows), 1), np.float32),
+                                 max_new_tokens=req0.max_tokens,
+                                 temperature=max(req0.temperature, 0.0), top_p=req0.top_p,
+                                 stop=stop, seed=req0.seed or 0)
+        for n, (j, i, _) in enumerate(flat):
+            gen[j, i] = (g.token_ids[n], g.texts[n],
+                         "stop" if g.stopped_by[n] in ("eos", "stop") else "length")
+    items, where = [], []
+    choices: dict[tuple[int, int], dict] = {}
+    for j, i, prompt in flat:
+        req = jobs[j].req
+        ids, strings, offsets = _tokens_with_offsets(lm, prompt)
+        gen_ids, text, finish = gen.get((j, i), ([], "", "length"))
+        choices[j, i] = {"index": i, "text": (prompt if req.echo else "") + text,
+                         "finish_reason": finish, "logprobs": None,
+                         "_usage": (len(ids), len(gen_ids))}
+        if req.logprobs is not None:
+            all_ids = ids + list(gen_ids)
+            full_text = prompt + lm.tokenizer.decode(gen_ids)
+            _, all_strings, all_offsets = _tokens_with_offsets(lm, full_text) \
+                if gen_ids else (ids, strings, offsets)
+            if len(all_strings) != len(all_ids):  # re-tokenisation merged tokens
+                all_strings = strings + [lm.tokenizer.decode([t]) for t in gen_ids]
+                all_offsets = offsets + [len(prompt) + len(lm.tokenizer.decode(gen_ids[:k]))
+                                         for k in range(len(gen_ids))]
+            items.append((all_ids, all_strings, all_offsets, 0 if req.echo else len(ids),
+                          req.logprobs))
+            where.append((j, i, "logprobs"))
+        if req.prompt_logprobs is not None:
+            items.append((ids, strings, offsets, 0, req.prompt_logprobs))
+            where.append((j, i, "prompt_logprobs"))
+    for (j, i, field), block in zip(where, _logprob_blocks(lm, items) if items else []):
+        if field == "logprobs":
+            choices[j, i]["logprobs"] = block
         else:
-            top.append(None)
-    return {"tokens": strings[start:], "token_logprobs": token_lp,
-            "text_offset": offsets[start:], "top_logprobs": top if n_top else None}
+            ids = items[where.index((j, i, field))][0]
+            choices[j, i]["prompt_logprobs"] = [
+                None if lp is None else {str(t): {"logprob": lp, "decoded_token": s}}
+                for t, s, lp in zip(ids, block["tokens"], block["token_logprobs"])]
+    out = []
+    for j, job in enumerate(jobs):
+        mine = [choices[j, i] for i in range(len(job.prompts))]
+        usage_in = sum(c["_usage"][0] for c in mine)
+        usage_out = sum(c.pop("_usage")[1] for c in mine)
+        out.append({"choices": mine, "usage": {"prompt_tokens": usage_in,
+                                               "completion_tokens": usage_out,
+                                               "total_tokens": usage_in + usage_out}})
+    return out
 
 
-def create_app(lm: FlaxLM, model_name: str | None = None):
-    """The FastAPI application serving ``lm``. Requests run one at a time (one device)."""
+def create_app(lm: "FlaxLM", model_name: str | None = None, *,
+               limits: ServeLimits | None = None, api_key: str | None = None):
+    """The FastAPI application serving ``lm`` (see the module docstring)."""
     fastapi = require("fastapi", "serve", "replug serve")
-    FastAPI, HTTPException = fastapi.FastAPI, fastapi.HTTPException
+    responses = require("fastapi.responses", "serve", "replug serve")
+    FastAPI, Request, Depends = fastapi.FastAPI, fastapi.Request, fastapi.Depends
     CompletionRequest = _request_model()
+    limits = limits or ServeLimits()
     name = model_name or lm.name
-    lock = threading.Lock()
+    batcher = Batcher(lm, limits)
     app = FastAPI(title="replug-jax LM server", version="1")
+    app.state.batcher = batcher
+    app.router.add_event_handler("shutdown", batcher.close)
+
+    def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(),
+                                                                    api_key.encode()):
+            raise RequestError(401, "missing or wrong API key (Authorization: Bearer ...)",
+                               {"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(RequestError)
+    def refused(request, err: RequestError):
+        return responses.JSONResponse({"error": {"message": str(err), "code": err.status}},
+                                      status_code=err.status, headers=err.headers)
+
+    @app.middleware("http")
+    async def body_limit(request, call_next):
+        # Content-Length is required and checked before the body is read; the HTTP layer then
+        # holds the body to it, so no request can make the server buffer more.
+        declared = request.headers.get("content-length")
+        if request.method == "POST" and declared is None:
+            return refused(request, RequestError(
+                400, f"a request body needs a Content-Length (at most {limits.max_body_bytes} "
+                "bytes, max_body_bytes)"))
+        if declared is not None and (not declared.isdigit()
+                                     or int(declared) > limits.max_body_bytes):
+            return refused(request, RequestError(
+                400, f"the request body exceeds the limit of {limits.max_body_bytes} bytes "
+                "(max_body_bytes)"))
+        return await call_next(request)
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok", "model": name}
+        return {"status": "ok", "model": name, "queued": batcher.queue.qsize(),
+                **batcher.stats}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
     def models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model",
                                             "owned_by": "replug-jax"}]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
     def completions(req: CompletionRequest) -> dict[str, Any]:
-        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-        if not prompts:
-            raise HTTPException(400, "prompt is empty")
-        if req.max_tokens < 0:
-            raise HTTPException(400, "max_tokens must be >= 0")
-        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        choices, usage_in, usage_out = [], 0, 0
-        with lock:
-            for i, prompt in enumerate(prompts):
-                ids, strings, offsets = _tokens_with_offsets(lm, prompt)
-                if len(lm.bos) + len(ids) + req.max_tokens > lm.max_context:
-                    raise HTTPException(400, f"prompt of {len(ids)} tokens plus max_tokens "
-                                        f"exceeds the context of {lm.max_context}")
-                usage_in += len(ids)
-                text, finish = "", "length"
-                gen_ids: list[int] = []
-                if req.max_tokens > 0:
-                    g = lm.generate_ensemble([[prompt]], np.zeros((1, 1), np.float32),
-                                             max_new_tokens=req.max_tokens,
-                                             temperature=max(req.temperature, 0.0),
-                                             top_p=req.top_p, stop=stop, seed=req.seed or 0)
-                    gen_ids, text = g.token_ids[0], g.texts[0]
-                    finish = "stop" if g.stopped_by[0] in ("eos", "stop") else "length"
-                    usage_out += len(gen_ids)
-                choice: dict[str, Any] = {"index": i, "text": (prompt if req.echo else "") + text,
-                                          "finish_reason": finish, "logprobs": None}
-                if req.logprobs is not None:
-                    all_ids = ids + list(gen_ids)
-                    full_text = prompt + lm.tokenizer.decode(gen_ids)
-                    _, all_strings, all_offsets = _tokens_with_offsets(lm, full_text) \
-                        if gen_ids else (ids, strings, offsets)
-                    if len(all_strings) != len(all_ids):  # re-tokenisation merged tokens
-                        all_strings = strings + [lm.tokenizer.decode([t]) for t in gen_ids]
-                        all_offsets = offsets + [len(prompt) + len(lm.tokenizer.decode(
-                            gen_ids[:j])) for j in range(len(gen_ids))]
-                    start = 0 if req.echo else len(ids)
-                    block = _logprob_block(lm, all_ids, all_strings, all_offsets, start,
-                                           req.logprobs)
-                    choice["logprobs"] = block
-                if req.prompt_logprobs is not None:
-                    block = _logprob_block(lm, ids, strings, offsets, 0, req.prompt_logprobs)
-                    choice["prompt_logprobs"] = [
-                        None if lp is None else {str(t): {"logprob": lp, "decoded_token": s}}
-                        for t, s, lp in zip(ids, block["tokens"], block["token_logprobs"])]
-                choices.append(choice)
+        prompts = validate(req, lm, limits)
+        for prompt in prompts:
+            n = len(_tokens_with_offsets(lm, prompt)[0])
+            if len(lm.bos) + n + req.max_tokens > lm.max_context:
+                raise RequestError(400, f"prompt of {n} tokens plus max_tokens exceeds the "
+                                   f"context of {lm.max_context}")
+        result = batcher.submit(req, prompts)
         return {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
-                "created": int(time.time()), "model": name, "choices": choices,
-                "usage": {"prompt_tokens": usage_in, "completion_tokens": usage_out,
-                          "total_tokens": usage_in + usage_out}}
+                "created": int(time.time()), "model": name, **result}
 
     return app
 
 
-def serve(lm: FlaxLM, host: str = "127.0.0.1", port: int = 8000,
-          model_name: str | None = None) -> None:
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(lm: "FlaxLM", host: str = "127.0.0.1", port: int = 8000,
+          model_name: str | None = None, *, limits: ServeLimits | None = None,
+          api_key: str | None = None, insecure: bool = False) -> None:
+    """Run the server until interrupted; on SIGINT/SIGTERM, requests in flight finish."""
+    if not is_loopback(host) and api_key is None and not insecure:
+        raise ValueError(f"refusing to serve on {host} without an API key: anyone who reaches "
+                         f"the port could use it; pass --api-key (or ${API_KEY_ENV}), or "
+                         "--insecure")
     uvicorn = require("uvicorn", "serve", "replug serve")
-    uvicorn.run(create_app(lm, model_name), host=host, port=port, log_level="info")
+    limits = limits or ServeLimits()
+    uvicorn.run(create_app(lm, model_name, limits=limits, api_key=api_key), host=host,
+                port=port, log_level="info",
+                timeout_graceful_shutdown=int(limits.request_timeout_s))

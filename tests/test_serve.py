@@ -1,0 +1,198 @@
+"""`replug serve` under load and hostile input: batching, the queue, limits, the API key,
+and fuzzed request bodies."""
+
+import concurrent.futures as cf
+import json
+import logging
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replug_jax.lm.server import ServeLimits
+from tests._models import packaged_or_skip
+from tests.test_api import _free_port
+
+KEY = "sk-test-4f1d9c2b7a"
+PROMPTS = ["The capital of Germany is", "Water boils at", "The largest planet is",
+           "Python is a programming", "The opposite of hot is", "Two plus two equals",
+           "The sun rises in the", "Bees make"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from replug_jax.lm.flax_scorer import FlaxLM
+
+    packaged_or_skip("smollm2")
+    return FlaxLM.load("smollm2", max_context=256)
+
+
+class Server:
+    def __init__(self, lm, limits: ServeLimits, api_key: str | None = None):
+        import uvicorn
+
+        from replug_jax.lm.server import create_app
+
+        self.app = create_app(lm, "smollm2", limits=limits, api_key=api_key)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
+                                                    log_level="info"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def post(self, body, key: str | None = None, **kw):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.post(f"{self.url}/v1/completions", json=body, headers=headers,
+                          timeout=120, **kw)
+
+
+def _score(prompt):
+    return {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 2}
+
+
+def _greedy(prompt):
+    return {"prompt": prompt, "max_tokens": 6, "temperature": 0}
+
+
+@pytest.mark.models
+def test_concurrent_requests_are_batched_and_equal_sequential_ones(lm):
+    limits = ServeLimits(max_batch=8, batch_window_s=0.2)
+    with Server(lm, limits) as srv:
+        bodies = [_score(p) for p in PROMPTS] + [_greedy(p) for p in PROMPTS]
+        sequential = [srv.post(b).json() for b in bodies]
+        before = httpx.get(f"{srv.url}/health").json()
+        with cf.ThreadPoolExecutor(16) as pool:
+            concurrent = list(pool.map(lambda b: srv.post(b).json(), bodies))
+        after = httpx.get(f"{srv.url}/health").json()
+    assert before["largest_batch"] == 1 and after["largest_batch"] > 1
+    assert after["batches"] - before["batches"] < len(bodies)  # shared forward passes
+    for seq, con in zip(sequential, concurrent):
+        a, b = seq["choices"][0], con["choices"][0]
+        assert a["text"] == b["text"] and a["finish_reason"] == b["finish_reason"]
+        if a["logprobs"]:
+            lp_a = [x for x in a["logprobs"]["token_logprobs"] if x is not None]
+            lp_b = [x for x in b["logprobs"]["token_logprobs"] if x is not None]
+            np.testing.assert_allclose(lp_a, lp_b, atol=1e-4)
+        assert seq["usage"] == con["usage"]
+
+
+@pytest.mark.models
+def test_a_full_queue_answers_429_and_the_clients_retry_succeeds(lm):
+    from replug_jax.lm.api_scorer import APIScorer
+
+    limits = ServeLimits(queue_size=1, max_batch=1, batch_window_s=0.0)
+    with Server(lm, limits) as srv:
+        slow = {"prompt": PROMPTS[0], "max_tokens": 48, "temperature": 0.7, "seed": 1}
+        with cf.ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(lambda _: srv.post(slow), range(6)))
+        codes = sorted(r.status_code for r in responses)
+        assert 429 in codes and 200 in codes, codes
+        busy = next(r for r in responses if r.status_code == 429)
+        assert busy.headers["retry-after"] == "1"
+        assert "queue_size" in busy.json()["error"]["message"]
+        api = APIScorer(srv.url, model="smollm2", tokenizer="smollm2", max_context=256,
+                        max_retries=6)
+        with cf.ThreadPoolExecutor(3) as pool:  # two of these meet a full queue, then retry
+            scores = list(pool.map(lambda p: api.score_continuations([p], [" ok"])[0],
+                                   PROMPTS[:3]))
+        assert all(np.isfinite(s.logprobs).all() for s in scores)
+        assert httpx.get(f"{srv.url}/health").json()["rejected_full"] >= 1
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("body, limit", [
+    ({"prompt": ["a"] * 5, "max_tokens": 0}, "max_prompts"),
+    ({"prompt": "a", "max_tokens": 9}, "max_tokens"),
+    ({"prompt": "a", "max_tokens": 0, "logprobs": 4}, "max_logprobs"),
+    ({"prompt": "a", "max_tokens": 0, "prompt_logprobs": 4}, "max_prompt_logprobs"),
+    ({"prompt": "a" * 3000, "max_tokens": 0}, "max_body_bytes"),
+])
+def test_every_limit_is_a_400_that_names_it(lm, body, limit):
+    limits = ServeLimits(max_prompts=4, max_tokens=8, max_logprobs=3, max_prompt_logprobs=3,
+                         max_body_bytes=2048)
+    with Server(lm, limits) as srv:
+        r = srv.post(body)
+        assert r.status_code == 400 and limit in r.json()["error"]["message"], r.text
+        assert srv.post({"prompt": "a", "max_tokens": 0}).status_code == 200
+
+
+@pytest.mark.models
+def test_api_key_401_without_200_with_and_never_logged(lm, caplog, capfd):
+    with caplog.at_level(logging.DEBUG):
+        with Server(lm, ServeLimits(), api_key=KEY) as srv:
+            assert srv.post({"prompt": "a", "max_tokens": 0}).status_code == 401
+            wrong = srv.post({"prompt": "a", "max_tokens": 0}, key="sk-wrong")
+            assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+            assert httpx.get(f"{srv.url}/v1/models").status_code == 401
+            ok = srv.post({"prompt": "a", "max_tokens": 0, "logprobs": 0}, key=KEY)
+            assert ok.status_code == 200
+            assert httpx.get(f"{srv.url}/v1/models",
+                             headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+            assert httpx.get(f"{srv.url}/health").status_code == 200  # open for probes
+    out, err = capfd.readouterr()
+    assert KEY not in caplog.text + out + err
+
+
+def test_non_loopback_without_a_key_is_refused():
+    from replug_jax.cli import main
+
+    assert main(["serve", "--host", "0.0.0.0"]) == 2
+    from replug_jax.lm.server import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40)
+                     | st.floats(allow_nan=True) | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6)
+_fields = {"prompt": st.one_of(st.text(max_size=30), st.lists(st.text(max_size=10), max_size=3),
+                               _json),
+           "max_tokens": st.one_of(st.integers(-3, 3), _json),
+           "echo": st.one_of(st.booleans(), _json),
+           "logprobs": st.one_of(st.none(), st.integers(-2, 3), _json),
+           "prompt_logprobs": st.one_of(st.none(), st.integers(-2, 3)),
+           "temperature": st.one_of(st.floats(-1, 2) | st.just(float("nan")), _json),
+           "top_p": st.one_of(st.floats(-1, 2) | st.just(float("nan")), _json),
+           "stop": st.one_of(st.none(), st.text(max_size=3), st.lists(st.text(max_size=3),
+                                                                      max_size=2)),
+           "seed": st.one_of(st.none(), st.integers(-5, 2**40))}
+_bodies = st.one_of(st.fixed_dictionaries({}, optional=_fields), _json)
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(lm):
+    with Server(lm, ServeLimits(max_tokens=3, max_prompts=3, max_logprobs=3,
+                                max_prompt_logprobs=3, batch_window_s=0.0)) as srv:
+        yield srv
+
+
+@pytest.mark.models
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_bodies)
+def test_fuzzed_bodies_never_give_a_500_or_kill_the_server(fuzz_server, body):
+    try:
+        payload = json.dumps(body, allow_nan=True).encode()
+    except (TypeError, ValueError):
+        return
+    r = httpx.post(f"{fuzz_server.url}/v1/completions", content=payload,
+                   headers={"content-type": "application/json"}, timeout=120)
+    assert r.status_code < 500, (body, r.status_code, r.text[:300])
+    assert httpx.get(f"{fuzz_server.url}/health").json()["status"] == "ok"
