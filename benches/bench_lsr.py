@@ -111,7 +111,7 @@ def loop_run(folder: str, n: int) -> dict:
     import pathlib
     import tempfile
 
-    from replug_jax.train.data import read_jsonl
+    from replug_jax.fileio import read_jsonl
     from replug_jax.train.setup import build_trainer
 
     folder = pathlib.Path(folder)

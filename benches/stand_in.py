@@ -25,7 +25,7 @@ import json
 import pathlib
 import shutil
 
-from replug_jax.models.weights import write_json_atomic
+from replug_jax.fileio import write_json_atomic
 
 # Llama-3.2-1B's published config.json, but for its vocabulary (see the module docstring).
 LLAMA_1B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 2048,

@@ -67,19 +67,19 @@ def write_datastore(out: pathlib.Path, n: int, dim: int = 384, seed: int = 0,
     """``out/passages.arrow`` (+ ``.json``) and ``out/emb.npy`` ``[n, dim]`` float32."""
     from tqdm.auto import tqdm
 
+    from replug_jax.fileio import atomic_path
     from replug_jax.retrieval.store import write_store
 
     out.mkdir(parents=True, exist_ok=True)
     meta = write_store(passages(n), out / "passages.arrow", progress=progress)
     gen = Generator(dim, seed=seed)
-    emb = np.lib.format.open_memmap(out / "emb.npy.tmp", mode="w+", dtype=np.float32,
-                                    shape=(n, dim))
-    step = 1 << 18
-    for lo in tqdm(range(0, n, step), desc="embeddings", disable=not progress):
-        emb[lo:min(n, lo + step)] = gen.vectors(lo, min(n, lo + step))
-        emb.flush()
-    del emb
-    (out / "emb.npy.tmp").replace(out / "emb.npy")
+    with atomic_path(out / "emb.npy", suffix=".npy") as tmp:
+        emb = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
+        step = 1 << 18
+        for lo in tqdm(range(0, n, step), desc="embeddings", disable=not progress):
+            emb[lo:min(n, lo + step)] = gen.vectors(lo, min(n, lo + step))
+            emb.flush()
+        del emb
     return meta
 
 

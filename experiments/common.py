@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+from replug_jax.fileio import write_text_atomic
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 SHARED_DATA = pathlib.Path(os.environ.get("REPLUG_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -107,9 +109,8 @@ def write_results(name: str, variant: str, payload: dict, table: list[tuple], he
     out = pathlib.Path(root) / name
     out.mkdir(parents=True, exist_ok=True)
     payload = {**payload, "differences_from_paper": differences}
-    tmp = out / f"{variant}.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    tmp.replace(out / f"{variant}.json")
+    write_text_atomic(json.dumps(payload, indent=2, default=str) + "\n",
+                      out / f"{variant}.json")
     lines = [f"# {name} ({variant})", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in table]
@@ -143,9 +144,7 @@ def _write_readme(folder: pathlib.Path, name: str, differences: str) -> None:
             parts += md.read_text().splitlines()[2:] + [""]
         if (folder / f"{js.stem}.png").exists():
             parts += [f"![{js.stem}]({js.stem}.png)", ""]
-    tmp = folder / "README.md.tmp"
-    tmp.write_text("\n".join(parts))
-    tmp.replace(folder / "README.md")
+    write_text_atomic("\n".join(parts), folder / "README.md")
 
 
 def new_figure(ncols: int = 1, figsize=(5, 3), **kwargs):

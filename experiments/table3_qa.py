@@ -181,7 +181,7 @@ DIFFERENCES = (
 def load_question_file(path: str, all_questions: list[str]) -> list[int]:
     """Indices (into the 624 NQ questions) of the questions listed in a JSONL file with a
     ``gold_doc`` field, as written by ``experiments/prepare_nq.py`` (e.g. its dev split)."""
-    from replug_jax.train.data import read_jsonl
+    from replug_jax.fileio import read_jsonl
 
     rows = read_jsonl(path)
     out = []

@@ -34,7 +34,8 @@ from experiments.common import (
 from experiments.configs.temperature_sweep import CONFIGS
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.train.config import load_config
-from replug_jax.train.data import qa_examples, read_jsonl
+from replug_jax.fileio import read_jsonl
+from replug_jax.train.data import qa_examples
 from replug_jax.train.loop import LSRTrainer
 from replug_jax.train.setup import load_passages
 

@@ -36,7 +36,8 @@ def _passage_store(args, retriever):
     time), reused when an interrupted build already wrote it from the same corpus and options.
     ``--corpus X.arrow`` is a store already made."""
     from replug_jax.retrieval.corpus import demo_corpus, iter_chunks, iter_documents
-    from replug_jax.retrieval.store import PassageStore, write_json_atomic, write_store
+    from replug_jax.fileio import write_json_atomic
+    from replug_jax.retrieval.store import PassageStore, write_store
 
     if args.corpus == "demo":
         return demo_corpus(size=args.chunk_size, overlap=args.overlap)
@@ -177,7 +178,7 @@ def _make_pipeline(args, mode: str):
 
 def _cmd_score(args) -> int:
     from replug_jax.replug import summarize
-    from replug_jax.train.data import read_jsonl
+    from replug_jax.fileio import read_jsonl
 
     rows = read_jsonl(args.input)
     for i, r in enumerate(rows):

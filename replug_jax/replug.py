@@ -33,8 +33,14 @@ from replug_jax.core.ensemble import (
     perplexity,
     retrieval_log_weights,
 )
-from replug_jax.lm.flax_scorer import stop_position
-from replug_jax.lm.scorer import NEXT_TOKEN, SCORE, TOP_LOGPROBS, CapabilityError, require
+from replug_jax.lm.scorer import (
+    NEXT_TOKEN,
+    SCORE,
+    TOP_LOGPROBS,
+    CapabilityError,
+    require,
+    stop_position,
+)
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.index import corpus_text, per_query_exclusions
 

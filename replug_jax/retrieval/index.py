@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from replug_jax.retrieval.corpus import Passage
-from replug_jax.retrieval.store import PassageStore, write_json_atomic
+from replug_jax.fileio import atomic_path, replace_dir, write_json_atomic
+from replug_jax.retrieval.store import PassageStore
 
 INDEX_VERSION = 2
 SMALL_FILE_BYTES = 64 << 20  # always hashed on load
@@ -506,7 +507,7 @@ class Index:
         for (ix, lo), spec in zip(self.shards, self.manifest["shards"]):
             _write_shard(tmp / spec["dir"], ix, spec["lo"], spec["hi"], self.manifest)
         _finish(tmp, self.manifest)
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
         return out
 
     @staticmethod
@@ -671,8 +672,7 @@ def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict
     faiss.write_index(faiss_index, str(tmp / "index.faiss"))
     write_json_atomic({**_shard_key(manifest), "lo": lo, "hi": hi,
                        "ntotal": int(faiss_index.ntotal)}, tmp / "shard.json")
-    shutil.rmtree(sd, ignore_errors=True)
-    os.replace(tmp, sd)
+    replace_dir(tmp, sd)
 
 
 def _finish(d: pathlib.Path, manifest: dict) -> None:
@@ -685,18 +685,6 @@ def _finish(d: pathlib.Path, manifest: dict) -> None:
         files[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
                        "sha256": _sha256(d / name)}
     write_json_atomic({**manifest, "files": files}, d / "manifest.json")
-
-
-def _replace_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(out)
 
 
 # -- building an index directory, resumably, on one or many processes ------------------------
@@ -755,9 +743,8 @@ def embed_store(store: PassageStore, retriever, emb_dir: pathlib.Path, *,
         lo, hi = s * shard_rows, min(len(store), (s + 1) * shard_rows)
         texts = [corpus_text(p) for p in store.slice(lo, hi)]
         emb = retriever.encode(texts, params, on_batch=bar.update)
-        tmp = paths[s].with_name(paths[s].name + ".tmp.npy")
-        np.save(tmp, emb)
-        os.replace(tmp, paths[s])
+        with atomic_path(paths[s], suffix=".npy") as tmp:
+            np.save(tmp, emb)
         if on_shard is not None:
             on_shard(s)
     bar.close()
@@ -844,7 +831,7 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
     if pid == 0:
         shutil.rmtree(work / "embeddings", ignore_errors=True)
         _finish(work, manifest)
-        _replace_dir(work, out)
+        replace_dir(work, out)
     barrier("replug_index_done")
     return Index.load(out, gpu=gpu)
 

@@ -15,13 +15,13 @@ Writes stream (one record batch in memory at a time) to a temporary file that is
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.retrieval.corpus import CorpusError, Passage, PassageHasher
 
 STORE_FORMAT = 1
@@ -36,12 +36,6 @@ def _batch(rows: list[Passage]) -> pa.RecordBatch:
                             for f in _FIELDS], schema=SCHEMA)
 
 
-def write_json_atomic(obj, path: pathlib.Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def write_store(passages: Iterable[Passage], path: str | pathlib.Path, *,
                 batch_rows: int = 65536, progress: bool = False) -> dict:
     """Stream ``passages`` into ``path`` (``.arrow``) and its ``.json`` sidecar; returns the
@@ -52,32 +46,30 @@ def write_store(passages: Iterable[Passage], path: str | pathlib.Path, *,
         raise ValueError(f"batch_rows must be positive, got {batch_rows}")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     hasher = PassageHasher()
     n, first, contiguous, rows = 0, None, True, []
     bar = tqdm(desc="passages", unit="passage", disable=not progress, mininterval=0.5)
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
-        for p in passages:
-            if first is None:
-                first = p.id
-            contiguous = contiguous and p.id == first + n
-            hasher.update(p)
-            rows.append(p)
-            n += 1
-            if len(rows) == batch_rows:
+    with atomic_path(path) as tmp:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+            for p in passages:
+                if first is None:
+                    first = p.id
+                contiguous = contiguous and p.id == first + n
+                hasher.update(p)
+                rows.append(p)
+                n += 1
+                if len(rows) == batch_rows:
+                    writer.write_batch(_batch(rows))
+                    bar.update(len(rows))
+                    rows = []
+            if rows:
                 writer.write_batch(_batch(rows))
                 bar.update(len(rows))
-                rows = []
-        if rows:
-            writer.write_batch(_batch(rows))
-            bar.update(len(rows))
-    bar.close()
-    if n == 0:
-        tmp.unlink()
-        raise CorpusError(f"{path}: no passages to store (empty corpus?)")
+        bar.close()
+        if n == 0:
+            raise CorpusError(f"{path}: no passages to store (empty corpus?)")
     meta = {"format": STORE_FORMAT, "n": n, "batch_rows": batch_rows,
             "checksum": hasher.hexdigest(), "contiguous_from": first if contiguous else None}
-    os.replace(tmp, path)
     write_json_atomic(meta, sidecar(path))
     return meta
 

@@ -9,11 +9,11 @@ needs nothing but the step number.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 
 import numpy as np
 
+from replug_jax.fileio import read_jsonl
 from replug_jax.prompts import PLAIN_QA
 
 
@@ -24,23 +24,6 @@ class Example:
     context: str  # the LM input that follows the document
     continuation: str  # the ground truth y
     gold_doc: int | None = None  # passage id, when known (QA with gold passages)
-
-
-def read_jsonl(path: str | pathlib.Path) -> list[dict]:
-    """Objects of a JSONL file (blank lines skipped); bad lines and empty files raise."""
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise ValueError(f"{path}: no such data file")
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
-    if not rows:
-        raise ValueError(f"{path}: no examples")
-    return rows
 
 
 def qa_examples(path: str | pathlib.Path, demonstrations: str = "") -> list[Example]:

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replug_jax.models.weights import write_json_atomic
+from replug_jax.fileio import atomic_path, write_json_atomic, write_text_atomic
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval.index import DeviceIndex, Index, corpus_rows, corpus_text
@@ -136,9 +136,7 @@ class LSRTrainer:
                     f"{self.workdir} holds a run with a different config (differs in: "
                     f"{', '.join(diff)}); use a new --workdir or the same config")
         if jax.process_index() == 0:
-            tmp = path.with_name("config.json.tmp")
-            tmp.write_text(json.dumps(mine, indent=2))
-            tmp.replace(path)
+            write_json_atomic(mine, path)
 
     @property
     def checkpoints(self):
@@ -196,9 +194,8 @@ class LSRTrainer:
         d.mkdir(parents=True, exist_ok=True)
         params = host_copy(self.state.params)
         if self.pid == 0:
-            tmp = d / "params.safetensors.tmp"
-            save_file(_flat(params), str(tmp))
-            tmp.replace(d / "params.safetensors")
+            with atomic_path(d / "params.safetensors") as tmp:
+                save_file(_flat(params), str(tmp))
         return params
 
     def _load_snapshot(self, version: int) -> dict:
@@ -351,9 +348,7 @@ class LSRTrainer:
         if path.exists() and self.pid == 0:
             kept = [line for line in path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] < resume_step]
-            tmp = path.with_name("metrics.jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            tmp.replace(path)
+            write_text_atomic("".join(line + "\n" for line in kept), path)
         return path
 
     def run(self, stop_after: int | None = None, on_step=None) -> dict:

@@ -1,0 +1,69 @@
+"""Small files in and out: JSONL reading, and atomic writes, the one way every module writes a
+file that must never be seen half written: write a temporary sibling, then rename it over the
+target (``os.replace`` is atomic on POSIX and Windows), so a killed process leaves the old file
+or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | pathlib.Path, suffix: str = "") -> Iterator[pathlib.Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path``, on an error it
+    is removed. ``suffix`` keeps an extension that a writer insists on (``np.save``: ``.npy``).
+    The name carries the process id, so processes writing the same file never collide."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text_atomic(text: str, path: str | pathlib.Path) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(obj, path: str | pathlib.Path) -> None:
+    write_text_atomic(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
+
+
+def replace_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
+    """Put the finished folder ``tmp`` at ``out``, replacing an older one: ``out`` is always
+    either the old folder or the new one."""
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(out)
+
+
+def read_jsonl(path: str | pathlib.Path) -> list[dict]:
+    """Objects of a JSONL file (blank lines skipped); bad lines and empty files raise."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such data file")
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
+    if not rows:
+        raise ValueError(f"{path}: no examples")
+    return rows
