@@ -326,3 +326,40 @@ def test_train_step_scores_documents_as_the_index_does_for_dot_on_a_normalising_
     index_scores = retriever.encode_passages(docs) @ retriever.encode_queries([query])[0]
     np.testing.assert_allclose(step_scores, index_scores, atol=1e-5)
     assert np.all(np.abs(step_scores) <= 1 + 1e-5)  # cosines: both sides normalised
+
+
+def test_golden_train_step():
+    """Fixed inputs -> fixed loss and parameter change over two steps (nanodo's train test):
+    a refactor that changes the update fails here. Recorded on CPU float32."""
+    from replug_jax.models.params import split_params
+    from replug_jax.retrieval.index import corpus_text
+    from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
+
+    retriever = tiny_retriever(0)
+    cfg = dataclasses.replace(BASE, total_steps=10, warmup_ratio=0.0, learning_rate=1e-3)
+    graphdef, template, params = split_params(retriever.model.encoder)
+    tx = make_optimizer(cfg)
+    step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
+                              retriever.normalize)
+    tok = retriever.model.tokenizer
+    q = tok([e.query for e in TRAIN[:2]], padding="max_length", max_length=16,
+            return_tensors="np")
+    d = tok([corpus_text(p) for p in PASSAGES[:6]], padding="max_length", max_length=32,
+            return_tensors="np")
+    batch = {"query_ids": q["input_ids"].astype(np.int32),
+             "query_mask": q["attention_mask"].astype(np.int32),
+             "doc_ids": d["input_ids"].astype(np.int32).reshape(2, 3, 32),
+             "doc_mask": d["attention_mask"].astype(np.int32).reshape(2, 3, 32),
+             "doc_valid": np.ones((2, 3), bool),
+             "lm_scores": np.array([[-1.0, -2.5, -0.5], [-3.0, -0.2, -1.1]], np.float32)}
+    state = init_state(params, tx)
+    mid, _ = step(state, batch)
+    new, metrics = step(mid, batch)
+    delta = sum(float(np.abs(np.asarray(a) - np.asarray(b)).sum())
+                for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)))
+    # step 0 has learning rate 0 (warmup), so the second step sees the initial parameters
+    assert float(metrics["loss"]) == pytest.approx(9.915007591247559, rel=1e-4)
+    assert float(metrics["grad_norm"]) == pytest.approx(31.904138565063477, rel=1e-4)
+    assert float(metrics["entropy_retriever"]) == pytest.approx(1.0423587560653687, rel=1e-4)
+    assert float(metrics["learning_rate"]) == pytest.approx(1e-3, rel=1e-6)
+    assert delta == pytest.approx(18.276659404160455, rel=1e-3)

@@ -135,6 +135,18 @@ class FlaxLM:
         for start in range(0, n, self.batch_size):
             yield list(range(start, min(n, start + self.batch_size)))
 
+    def _pack(self, seqs: Sequence[Sequence[int]], length: int, rows: int, *,
+              left: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens, positions)`` ``[rows, length]``: each sequence padded on the right (or the
+        left), padding marked by position -1 so that it never changes a result."""
+        tokens = np.full((rows, length), self.pad_id, np.int32)
+        positions = np.full((rows, length), -1, np.int32)
+        for j, seq in enumerate(seqs):
+            span = slice(length - len(seq), length) if left else slice(0, len(seq))
+            tokens[j, span] = seq
+            positions[j, span] = np.arange(len(seq))
+        return tokens, positions
+
     def _rows(self, n: int) -> int:
         """Rows of a batch: exactly ``n`` (≤ ``batch_size``). Padding rows would cost as much
         as real ones on a compute-bound device; calls with a fixed K compile once per bucket."""
@@ -152,14 +164,10 @@ class FlaxLM:
             for rows in self._batches(len(order)):
                 idx = [int(order[r]) for r in rows]
                 L = self._bucket(max(lengths[i] for i in idx))
-                rows_ = self._rows(len(idx))
-                tokens = np.full((rows_, L), self.pad_id, np.int32)
-                positions = np.full((rows_, L), -1, np.int32)
-                targets = np.zeros((rows_, L), np.int32)
-                for j, i in enumerate(idx):
-                    seq = list(prefixes[i]) + list(continuations[i])
-                    tokens[j, :len(seq)] = seq
-                    positions[j, :len(seq)] = np.arange(len(seq))
+                seqs = [list(prefixes[i]) + list(continuations[i]) for i in idx]
+                tokens, positions = self._pack(seqs, L, self._rows(len(idx)))
+                targets = np.zeros_like(tokens)
+                for j, seq in enumerate(seqs):
                     targets[j, :len(seq) - 1] = seq[1:]
                 logp = np.asarray(self._score_fn(self.state, tokens, positions, targets))
                 for j, i in enumerate(idx):
@@ -184,13 +192,9 @@ class FlaxLM:
             for rows in self._batches(len(prefixes)):
                 L = self._bucket(max(len(prefixes[i]) for i in rows))
                 rows_ = self._rows(len(rows))
-                tokens = np.full((rows_, L), self.pad_id, np.int32)
-                positions = np.full((rows_, L), -1, np.int32)
+                tokens, positions = self._pack([prefixes[i] for i in rows], L, rows_)
                 last = np.zeros(rows_, np.int32)
-                for j, i in enumerate(rows):
-                    tokens[j, :len(prefixes[i])] = prefixes[i]
-                    positions[j, :len(prefixes[i])] = np.arange(len(prefixes[i]))
-                    last[j] = len(prefixes[i]) - 1
+                last[:len(rows)] = [len(prefixes[i]) - 1 for i in rows]
                 lp = self._last_fn(self.state, tokens, positions, last)
                 out[rows] = np.asarray(lp[: len(rows)])
         self.cost.add(len(prefixes), sum(map(len, prefixes)), 0, t.seconds)
@@ -212,11 +216,7 @@ class FlaxLM:
             for rows in self._batches(len(order)):
                 idx = [int(order[r]) for r in rows]
                 L = self._bucket(max(len(seqs[i]) for i in idx))
-                tokens = np.full((len(idx), L), self.pad_id, np.int32)
-                positions = np.full((len(idx), L), -1, np.int32)
-                for j, i in enumerate(idx):
-                    tokens[j, :len(seqs[i])] = seqs[i]
-                    positions[j, :len(seqs[i])] = np.arange(len(seqs[i]))
+                tokens, positions = self._pack([seqs[i] for i in idx], L, len(idx))
                 lp, top = self._topn_fn(self.state, tokens, positions, n)
                 lp, top = np.asarray(lp), np.asarray(top)
                 for j, i in enumerate(idx):
@@ -292,11 +292,7 @@ class FlaxLM:
             raise ValueError(f"prompt ({L} tokens, bucketed) plus {max_new_tokens} new tokens "
                              f"exceeds the model's {self.lm.config.max_position} positions")
         b = g * k
-        tokens = np.full((b, L), self.pad_id, np.int32)
-        positions = np.full((b, L), -1, np.int32)
-        for i, seq in enumerate(flat):  # left padding: every branch ends at slot L-1
-            tokens[i, L - len(seq):] = seq
-            positions[i, L - len(seq):] = np.arange(len(seq))
+        tokens, positions = self._pack(flat, L, b, left=True)  # every branch ends at L-1
         pos_B = np.array([len(s) for s in flat], np.int32)
         with Timer() as t:
             log_w = jnp.asarray(log_weights, jnp.float32)

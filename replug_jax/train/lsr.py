@@ -26,29 +26,26 @@ class TrainState(NamedTuple):
     step: jax.Array
 
 
-def make_optimizer(cfg) -> optax.GradientTransformation:
-    """Adam/AdamW at ``learning_rate`` with linear warmup over ``warmup_ratio`` of the steps,
-    then linear decay to 0, after global-norm gradient clipping (§5.2: Adam, 2e-5, 10 %)."""
-    warmup = int(cfg.warmup_ratio * cfg.total_steps)
-    schedule = optax.join_schedules(
-        [optax.linear_schedule(0.0, cfg.learning_rate, max(warmup, 1)),
+def make_schedule(cfg) -> optax.Schedule:
+    """The learning rate at each step: linear warmup over ``warmup_ratio`` of the steps to
+    ``learning_rate``, then linear decay to 0 (§5.2: 10 % warmup)."""
+    warmup = max(int(cfg.warmup_ratio * cfg.total_steps), 1)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, cfg.learning_rate, warmup),
          optax.linear_schedule(cfg.learning_rate, 0.0, max(cfg.total_steps - warmup, 1))],
-        [max(warmup, 1)])
+        [warmup])
+
+
+def make_optimizer(cfg) -> optax.GradientTransformation:
+    """Adam/AdamW on :func:`make_schedule`, after global-norm gradient clipping (§5.2: Adam,
+    2e-5)."""
+    schedule = make_schedule(cfg)
     if cfg.optimizer == "adamw":
         opt = optax.adamw(schedule, weight_decay=cfg.weight_decay)
     else:
         opt = optax.adam(schedule)
     chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
     return optax.chain(*chain, opt)
-
-
-def learning_rate_at(cfg, step):
-    warmup = max(int(cfg.warmup_ratio * cfg.total_steps), 1)
-    step = jnp.asarray(step, jnp.float32)
-    up = cfg.learning_rate * step / warmup
-    down = cfg.learning_rate * jnp.maximum(0.0, 1 - (step - warmup) / max(
-        cfg.total_steps - warmup, 1))
-    return jnp.where(step < warmup, up, down)
 
 
 def _entropy(log_p):
@@ -67,6 +64,8 @@ def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, p
     Batch fields: ``query_ids/query_mask [B, Lq]``, ``doc_ids/doc_mask [B, K, Ld]``,
     ``doc_valid [B, K]`` (False for padding documents), ``lm_scores [B, K]``.
     """
+    schedule = make_schedule(cfg)
+
     def scores_fn(params, batch):
         encoder = to_module(graphdef, template, params)
         b, k, ld = batch["doc_ids"].shape
@@ -99,7 +98,7 @@ def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, p
             "entropy_lm": jnp.mean(_entropy(log_q)),
             "argmax_agreement": jnp.mean(jnp.argmax(log_p, -1) == jnp.argmax(log_q, -1)),
             "grad_norm": optax.tree.norm(grads),
-            "learning_rate": learning_rate_at(cfg, state.step),
+            "learning_rate": schedule(state.step),
         }
         return TrainState(params, opt_state, state.step + 1), metrics
 
