@@ -126,30 +126,30 @@ class Attention(nnx.Module):
         cfg = self.cfg
         b, length, _ = x_BLD.shape
         q_BLHD = self.q(x_BLD).reshape(b, length, cfg.num_heads, cfg.head_dim)
-        k_BLKD = self.k(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
-        v_BLKD = self.v(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
+        k_BLJD = self.k(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
+        v_BLJD = self.v(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
         if cfg.position == "rope":
             q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
-            k_BLKD = rope(k_BLKD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
+            k_BLJD = rope(k_BLJD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
         if kv_cache is None:
-            k_BSKD, v_BSKD, k_pos_BS = k_BLKD, v_BLKD, q_pos_BL
+            k_BSJD, v_BSJD, k_pos_BS = k_BLJD, v_BLJD, q_pos_BL
             new_kv = None
         else:
             k_cache, v_cache, k_pos_BS, end = kv_cache
-            k_BSKD = jax.lax.dynamic_update_slice_in_dim(k_cache, k_BLKD.astype(k_cache.dtype),
+            k_BSJD = jax.lax.dynamic_update_slice_in_dim(k_cache, k_BLJD.astype(k_cache.dtype),
                                                          end, axis=1)
-            v_BSKD = jax.lax.dynamic_update_slice_in_dim(v_cache, v_BLKD.astype(v_cache.dtype),
+            v_BSJD = jax.lax.dynamic_update_slice_in_dim(v_cache, v_BLJD.astype(v_cache.dtype),
                                                          end, axis=1)
-            new_kv = (k_BSKD, v_BSKD)
-        groups = cfg.num_heads // cfg.num_kv_heads
-        q_BLKGD = q_BLHD.reshape(b, length, cfg.num_kv_heads, groups, cfg.head_dim)
-        logits_BKGLS = jnp.einsum("blkgd,bskd->bkgls", q_BLKGD, k_BSKD,
+            new_kv = (k_BSJD, v_BSJD)
+        repeats = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head (GQA)
+        q_BLJRD = q_BLHD.reshape(b, length, cfg.num_kv_heads, repeats, cfg.head_dim)
+        logits_BJRLS = jnp.einsum("bljrd,bsjd->bjrls", q_BLJRD, k_BSJD,
                                   preferred_element_type=jnp.float32)
-        logits_BKGLS = logits_BKGLS / jnp.sqrt(jnp.float32(cfg.head_dim))
+        logits_BJRLS = logits_BJRLS / jnp.sqrt(jnp.float32(cfg.head_dim))
         mask_B11LS = attention_mask(q_pos_BL, k_pos_BS)[:, None, None]
-        probs = jax.nn.softmax(jnp.where(mask_B11LS, logits_BKGLS, _MASKED), axis=-1)
-        out_BLKGD = jnp.einsum("bkgls,bskd->blkgd", probs.astype(v_BSKD.dtype), v_BSKD)
-        return self.o(out_BLKGD.reshape(b, length, cfg.num_heads * cfg.head_dim)), new_kv
+        probs = jax.nn.softmax(jnp.where(mask_B11LS, logits_BJRLS, _MASKED), axis=-1)
+        out_BLJRD = jnp.einsum("bjrls,bsjd->bljrd", probs.astype(v_BSJD.dtype), v_BSJD)
+        return self.o(out_BLJRD.reshape(b, length, cfg.num_heads * cfg.head_dim)), new_kv
 
 
 class MLP(nnx.Module):
