@@ -357,18 +357,9 @@ def _cmd_train_lsr(args) -> int:
 
 
 def _cmd_export_retriever(args) -> int:
-    from replug_jax.train.setup import build_trainer, model_card, saved_config
+    from replug_jax.train.export import export_run
 
-    cfg = saved_config(args.workdir)
-    trainer = build_trainer(cfg, args.workdir, with_lm=False, progress=False)
-    step, meta = trainer._restore()
-    if meta is None:
-        raise ValueError(f"{args.workdir}: no checkpoint to export")
-    dev = None
-    dev_path = pathlib.Path(args.workdir) / "dev_metrics.json"
-    if dev_path.exists():
-        dev = json.loads(dev_path.read_text())
-    out = trainer.export(args.out, model_card(cfg, step, dev, args.workdir))
+    out, step = export_run(args.workdir, args.out)
     _emit(args, {"out": str(out), "step": step}, f"exported step {step} -> {out}")
     return 0
 

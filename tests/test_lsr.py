@@ -190,7 +190,7 @@ def test_workdir_from_another_config_and_corrupt_checkpoint(tmp_path):
             f.write_bytes(b"garbage")
     again = make_trainer(tmp_path, cfg=dataclasses.replace(BASE, total_steps=4))
     with pytest.warns(UserWarning, match=f"step {latest}.*falling back to step {latest - 2}"):
-        step, meta = again._restore()
+        step, meta = again.restore()
     assert step == latest - 2 and meta["step"] == latest - 2
 
 
@@ -207,12 +207,18 @@ def test_evaluate_and_export_round_trip(tmp_path):
     from replug_jax.models import load_retriever
     from replug_jax.retrieval.encoder import Retriever
 
-    out = t.export(tmp_path / "exported", card="# card\n")
-    assert (out / "MODEL_CARD.md").read_text() == "# card\n"
-    back = Retriever(load_retriever(str(out)), max_length=64)
+    out = t.export(tmp_path / "exported")
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "steps: 2 of 2" in card and '"recall@1"' in card
+    # the folder carries the lengths it was trained with, and loading honours them
+    assert json.loads((out / "replug.json").read_text())["doc_max_length"] == 32
+    back = Retriever.load(str(out))
+    assert (back.max_length, back.query_max_length, back.similarity) == (32, 16, "cosine")
+    assert Retriever.load(str(out), max_length=64).max_length == 64  # explicit wins
     texts = [p.text for p in PASSAGES[:4]]
     np.testing.assert_allclose(back.encode(texts), t.retriever.encode(
         texts, params=jax.device_get(t.state.params)), atol=1e-5)
+    assert isinstance(load_retriever(str(out)).encoder, type(t.retriever.model.encoder))
 
 
 def test_long_documents_are_cut_to_the_lm_context(tmp_path):
@@ -363,3 +369,23 @@ def test_golden_train_step():
     assert float(metrics["entropy_retriever"]) == pytest.approx(1.0423587560653687, rel=1e-4)
     assert float(metrics["learning_rate"]) == pytest.approx(1e-3, rel=1e-6)
     assert delta == pytest.approx(18.276659404160455, rel=1e-3)
+
+
+def test_queries_keep_their_last_tokens_in_training_and_retrieval():
+    """A 128-token LM-task query cut to query_max_length keeps the tokens nearest the
+    continuation, in the index query and in the training batch alike."""
+    retriever = tiny_retriever(0)
+    long_query = " ".join(f"w{i}" for i in range(60)) + " the river Zorblat"
+    short = type(retriever)(retriever.model, max_length=64, query_max_length=8)
+    ids = short.tokenize([long_query], 8, short.query_truncation)[0]
+    tail = short.model.tokenizer.decode(ids[1:-1])
+    assert tail.endswith("zorblat") and len(ids) == 8
+    end_only = short.model.tokenizer.convert_tokens_to_string(
+        short.model.tokenizer.convert_ids_to_tokens(ids[1:-1]))
+    np.testing.assert_allclose(short.encode_queries([long_query]),
+                               short.encode_ids([ids]), atol=1e-6)
+    assert "w0" not in end_only
+    trainer_like = LSRTrainer.__new__(LSRTrainer)
+    trainer_like.retriever = short
+    q_ids, q_mask = trainer_like._tokenize([long_query], 8, "left")
+    assert q_ids[0].tolist() == ids and q_mask.sum() == 8

@@ -55,17 +55,27 @@ class Retriever:
     """
 
     def __init__(self, model: RetrieverModel, *, similarity: str = "cosine",
-                 max_length: int = 512, batch_size: int | None = None, devices=None):
+                 max_length: int = 512, batch_size: int | None = None, devices=None,
+                 query_max_length: int | None = None, query_truncation: str = "left"):
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
+        if query_truncation not in ("left", "right"):
+            raise ValueError(f"query_truncation must be 'left' or 'right', got "
+                             f"{query_truncation!r}")
         self.model = model
         self.similarity = similarity
         self.max_length = min(max_length, model.config.max_position)
+        # Queries keep their last tokens by default: for a language-modelling query (the text
+        # before the continuation) the end is what matters.
+        self.query_max_length = min(query_max_length or self.max_length,
+                                    model.config.max_position)
+        self.query_truncation = query_truncation
         self.mesh = _local_mesh(devices)
         n_dev = 1 if self.mesh is None else self.mesh.devices.size
         batch_size = batch_size or default_batch_size()
         self.batch_size = -(-batch_size // n_dev) * n_dev  # a multiple of the device count
-        self.buckets = tuple(b for b in BUCKETS if b < self.max_length) + (self.max_length,)
+        longest = max(self.max_length, self.query_max_length)
+        self.buckets = tuple(b for b in BUCKETS if b < longest) + (longest,)
         self.truncated = 0  # texts cut to max_length since creation
         graphdef, template, self.params = split_params(model.encoder)
         self.normalize = normalize = embeds_normalized(similarity, model.normalize)
@@ -80,6 +90,15 @@ class Retriever:
 
     @classmethod
     def load(cls, source: str = "minilm", **kwargs) -> "Retriever":
+        """A retriever from any source; a folder exported from an LSR run brings its
+        ``replug.json`` (similarity and the sequence lengths it was trained with), which
+        ``kwargs`` may still override."""
+        settings_path = pathlib.Path(source) / "replug.json"
+        if settings_path.is_file():
+            trained = json.loads(settings_path.read_text())
+            kwargs = {"similarity": trained["similarity"],
+                      "max_length": trained["doc_max_length"],
+                      "query_max_length": trained["query_max_length"], **kwargs}
         return cls(load_retriever(source), **kwargs)
 
     @property
@@ -92,21 +111,26 @@ class Retriever:
                 "pooling": self.model.pooling, "similarity": self.similarity,
                 "max_length": self.max_length}
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids with special tokens, truncated to ``max_length`` (counted, warned)."""
+    def tokenize(self, texts: Sequence[str], max_length: int | None = None,
+                 side: str = "right") -> list[list[int]]:
+        """Token ids with special tokens, cut to ``max_length`` (default: the passages')
+        keeping the start (``side="right"``) or the end (``"left"``); cuts are counted and
+        warned about."""
+        limit = max_length or self.max_length
         tok = self.model.tokenizer
         ids = tok(list(texts), add_special_tokens=True, truncation=False,
                   verbose=False)["input_ids"]
         out, cut = [], 0
         for seq in ids:
-            if len(seq) > self.max_length:
-                seq = seq[: self.max_length - 1] + seq[-1:]  # keep the final [SEP]
+            if len(seq) > limit:  # keep [CLS] and the final [SEP]
+                seq = seq[: limit - 1] + seq[-1:] if side == "right" else \
+                    seq[:1] + seq[len(seq) - limit + 1:]
                 cut += 1
             out.append(seq)
         if cut:
             self.truncated += cut
             warnings.warn(f"{cut} text(s) longer than the encoder's maximum of "
-                          f"{self.max_length} tokens were truncated", stacklevel=3)
+                          f"{limit} tokens were truncated", stacklevel=3)
         return out
 
     def _bucket(self, length: int) -> int:
@@ -151,7 +175,10 @@ class Retriever:
                on_batch: Callable[[int], None] | None = None) -> np.ndarray:
         return self.encode_ids(self.tokenize(texts), params, on_batch)
 
-    encode_queries = encode
+    def encode_queries(self, texts: Sequence[str], params=None) -> np.ndarray:
+        """Query embeddings: cut to ``query_max_length`` from the ``query_truncation`` side."""
+        return self.encode_ids(self.tokenize(texts, self.query_max_length,
+                                             self.query_truncation), params)
 
     def encode_passages(self, texts: Sequence[str], params=None) -> np.ndarray:
         return self.encode(texts, params)

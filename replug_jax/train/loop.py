@@ -37,10 +37,11 @@ from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval.index import DeviceIndex, Index, corpus_rows, corpus_text
 from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import host_copy, local_rows, make_mesh, replicate, shard_batch
+from replug_jax.train.checkpoint import Checkpoints
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import Example, batch_indices
 from replug_jax.models.params import split_params, to_module
-from replug_jax.train.lsr import TrainState, init_state, make_optimizer, make_train_step
+from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
 from replug_jax.train.supervision import LMScoreCache, lm_scores
 
 
@@ -116,7 +117,7 @@ class LSRTrainer:
         cache_name = "lm_scores.sqlite" if self.pcount == 1 else f"lm_scores.p{self.pid}.sqlite"
         self.cache = LMScoreCache(self.workdir / cache_name,
                                   f"{getattr(lm_scorer, 'name', cfg.lm)}|{cfg.separator!r}")
-        self._ckpt = None
+        self.checkpoints = Checkpoints(self.workdir / "checkpoints", cfg.keep_checkpoints)
         self.index: Index | DeviceIndex | None = None
         self.index_version = 0
         self.pending: _Refresh | None = None
@@ -138,49 +139,20 @@ class LSRTrainer:
         if jax.process_index() == 0:
             write_json_atomic(mine, path)
 
-    @property
-    def checkpoints(self):
-        if self._ckpt is None:
-            import orbax.checkpoint as ocp
-
-            self._ckpt = ocp.CheckpointManager(
-                self.workdir / "checkpoints",
-                options=ocp.CheckpointManagerOptions(max_to_keep=self.cfg.keep_checkpoints,
-                                                     create=True))
-        return self._ckpt
-
     def _save(self, step: int) -> None:
-        import orbax.checkpoint as ocp
-
         meta = {"step": step, "index_version": self.index_version,
                 "pending": None if self.pending is None else {
                     "version": self.pending.version, "start_step": self.pending.start_step},
                 "config_fingerprint": self.cfg.fingerprint()}
-        self.checkpoints.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(self.state), meta=ocp.args.JsonSave(meta)), force=True)
-        self.checkpoints.wait_until_finished()
+        self.checkpoints.save(step, self.state, meta)
 
-    def _restore(self) -> tuple[int, dict | None]:
-        import orbax.checkpoint as ocp
-
-        steps = sorted(self.checkpoints.all_steps(), reverse=True)
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
-        for i, step in enumerate(steps):
-            try:
-                restored = self.checkpoints.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-            except Exception as err:  # corrupt or partial: try the previous one
-                nxt = steps[i + 1] if i + 1 < len(steps) else None
-                warnings.warn(f"checkpoint at step {step} in {self.workdir / 'checkpoints'} "
-                              f"is unreadable ({type(err).__name__}: {str(err)[:120]}); "
-                              + (f"falling back to step {nxt}" if nxt is not None
-                                 else "starting from scratch"), stacklevel=2)
-                continue
-            st = restored["state"]
-            st = TrainState(*st) if not isinstance(st, TrainState) else st
-            self.state = replicate(st, self.mesh)
-            return step, restored["meta"]
-        return 0, None
+    def restore(self) -> tuple[int, dict | None]:
+        """Load the newest readable checkpoint into the trainer: ``(step, metadata)``, or
+        ``(0, None)`` for a new run."""
+        step, state, meta = self.checkpoints.restore(self.state)
+        if state is not None:
+            self.state = replicate(state, self.mesh)
+        return step, meta
 
     # -- index versions -----------------------------------------------------------------------
 
@@ -288,11 +260,18 @@ class LSRTrainer:
 
     # -- batches --------------------------------------------------------------------------------
 
-    def _tokenize(self, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
-        tok = self.retriever.model.tokenizer
-        enc = tok(texts, padding="max_length", truncation=True, max_length=length,
-                  return_tensors="np")
-        return enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
+    def _tokenize(self, texts: list[str], length: int, side: str = "right"
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Fixed-length ``[N, length]`` ids and mask, cut exactly as the retriever cuts them
+        when it builds the index (passages) or encodes queries (``side``)."""
+        ids = self.retriever.tokenize(texts, length, side)
+        pad = self.retriever.model.config.pad_token_id
+        ids_NL = np.full((len(ids), length), pad, np.int32)
+        mask_NL = np.zeros((len(ids), length), np.int32)
+        for i, seq in enumerate(ids):
+            ids_NL[i, :len(seq)] = seq
+            mask_NL[i, :len(seq)] = 1
+        return ids_NL, mask_NL
 
     def _batch(self, step: int) -> tuple[dict, dict]:
         cfg = self.cfg
@@ -307,7 +286,10 @@ class LSRTrainer:
         scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
                                 cfg.separator, cfg.lm_score)
         lm_seconds = time.perf_counter() - t0
-        q_ids, q_mask = self._tokenize([e.query for e in examples], cfg.query_max_length)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # long queries are expected: their end is kept
+            q_ids, q_mask = self._tokenize([e.query for e in examples], cfg.query_max_length,
+                                           self.retriever.query_truncation)
         docs = [corpus_text(self.by_id[int(d)]) if d >= 0 else "" for d in hits.ids.reshape(-1)]
         d_ids, d_mask = self._tokenize(docs, cfg.doc_max_length)
         b, k = hits.ids.shape
@@ -358,7 +340,7 @@ class LSRTrainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
-        start, meta = self._restore()
+        start, meta = self.restore()
         if meta is None:
             self.index_version = 0
             self._snapshot(0)
@@ -463,9 +445,12 @@ class LSRTrainer:
         out["top1_is_lm_best"] = float(np.mean(agree))
         return out
 
-    def export(self, out_dir: str | pathlib.Path, card: str = "") -> pathlib.Path:
-        """The trained retriever in HF layout (see :func:`replug_jax.models.export_retriever`)."""
-        from replug_jax.models import export_retriever
+    def export(self, out_dir: str | pathlib.Path, step: int | None = None) -> pathlib.Path:
+        """The current parameters as a retriever folder (see
+        :func:`replug_jax.train.export.write_retriever`)."""
+        from replug_jax.train.export import write_retriever
+
         encoder = to_module(self.graphdef, self.template, host_copy(self.state.params))
-        model = dataclasses.replace(self.retriever.model, encoder=encoder)
-        return export_retriever(model, out_dir, {"MODEL_CARD.md": card} if card else None)
+        return write_retriever(self.retriever.model, encoder, out_dir, self.cfg,
+                               int(host_copy(self.state.step)) if step is None else step,
+                               self.workdir)

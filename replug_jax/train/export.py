@@ -1,0 +1,82 @@
+"""Export a trained retriever from an LSR work directory, without loading its data or LM.
+
+The exported folder is a ``transformers``-loadable BERT (see
+:func:`replug_jax.models.export_retriever`) with ``MODEL_CARD.md`` and ``replug.json``: the
+similarity and the sequence lengths the retriever was trained with, which
+:meth:`replug_jax.retrieval.encoder.Retriever.load` honours, so that it is evaluated on the
+views of passages and queries it was trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+
+from replug_jax.models import export_retriever, load_retriever
+from replug_jax.models.params import split_params, to_module
+from replug_jax.train.checkpoint import Checkpoints
+from replug_jax.train.config import LSRConfig
+from replug_jax.train.lsr import init_state, make_optimizer
+
+
+def saved_config(workdir: str | pathlib.Path) -> LSRConfig:
+    path = pathlib.Path(workdir) / "config.json"
+    if not path.exists():
+        raise ValueError(f"{workdir}: no config.json, not an LSR work directory")
+    return LSRConfig(**json.loads(path.read_text())["config"])
+
+
+def retriever_settings(cfg: LSRConfig) -> dict:
+    """What ``replug.json`` records: how the retriever must be used to match its training."""
+    return {"similarity": cfg.similarity, "query_max_length": cfg.query_max_length,
+            "doc_max_length": cfg.doc_max_length, "trained_from": cfg.retriever}
+
+
+def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path
+               ) -> tuple[pathlib.Path, int]:
+    """The newest checkpoint of ``workdir`` as a retriever folder; returns ``(path, step)``."""
+    workdir = pathlib.Path(workdir)
+    cfg = saved_config(workdir)
+    model = load_retriever(cfg.retriever)
+    graphdef, template, params = split_params(model.encoder)
+    like = init_state(params, make_optimizer(cfg))
+    step, state, _ = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints).restore(like)
+    if state is None:
+        raise ValueError(f"{workdir}: no checkpoint to export")
+    encoder = to_module(graphdef, template, jax.device_get(state.params))
+    return write_retriever(model, encoder, out_dir, cfg, step, workdir), step
+
+
+def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
+                    workdir: str | pathlib.Path) -> pathlib.Path:
+    """``model`` with the trained ``encoder`` in HF layout, its model card (with the run's dev
+    metrics) and ``replug.json``."""
+    workdir = pathlib.Path(workdir)
+    dev_path = workdir / "dev_metrics.json"
+    dev = json.loads(dev_path.read_text()) if dev_path.exists() else None
+    files = {"MODEL_CARD.md": model_card(cfg, step, dev, workdir),
+             "replug.json": json.dumps(retriever_settings(cfg), indent=2) + "\n"}
+    return export_retriever(dataclasses.replace(model, encoder=encoder), out_dir, files)
+
+
+def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir) -> str:
+    lines = ["# REPLUG LSR retriever", "",
+             f"- base retriever: `{cfg.retriever}` ({cfg.similarity} similarity, mean pooling)",
+             f"- supervising LM: `{cfg.lm}`"
+             + (f" via {cfg.lm_api_base}" if cfg.lm_api_base else ""),
+             f"- task: {cfg.task}; data: `{cfg.data}`; corpus: `{cfg.corpus}`",
+             f"- steps: {step} of {cfg.total_steps}; batch {cfg.batch_size}; k={cfg.k}; "
+             f"γ={cfg.gamma}, β={cfg.beta}; {cfg.direction}; LM score {cfg.lm_score}; "
+             f"objective {cfg.objective}; {cfg.optimizer} lr {cfg.learning_rate}",
+             f"- sequence lengths: queries {cfg.query_max_length}, passages "
+             f"{cfg.doc_max_length} tokens (recorded in `replug.json`, used when loading)",
+             f"- index refresh every {cfg.refresh_every} steps ({cfg.refresh_mode})",
+             f"- trained in `{workdir}`", "", "## Dev metrics", "",
+             "```json", json.dumps(dev or {}, indent=2), "```", "",
+             "## Config", "", "```json", json.dumps(cfg.to_json(), indent=2), "```", "",
+             "Load with `transformers.BertModel.from_pretrained(<this folder>)` (mean-pool the "
+             "last layer over non-padding tokens) or `replug_jax.models.load_retriever`."]
+    return "\n".join(lines) + "\n"
