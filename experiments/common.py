@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import functools
 import json
@@ -14,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from replug_jax import config
 from replug_jax.fileio import write_text_atomic
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -58,28 +58,30 @@ def require_data(*parts: str) -> pathlib.Path:
 
 
 def pick_config(configs: dict, name: str, overrides: list[str]):
-    """``configs[name]`` with ``key=value`` overrides (values parsed as JSON when possible)."""
-    if name not in configs:
-        raise SystemExit(f"unknown config {name!r}; choose from {sorted(configs)}")
-    cfg = configs[name]
-    fields = {f.name: f for f in dataclasses.fields(cfg)}
-    changes = {}
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if key not in fields:
-            raise SystemExit(f"unknown config key {key!r}; keys: {sorted(fields)}")
-        try:
-            changes[key] = json.loads(value)
-        except json.JSONDecodeError:
-            changes[key] = value
-    return dataclasses.replace(cfg, **changes)
+    """``configs[name]``, or ``path/to/config.py:variant``, with ``key=value`` overrides coerced
+    to each field's type: the loader ``replug train-lsr`` uses (:mod:`replug_jax.config`);
+    problems raise :class:`~replug_jax.config.ConfigError`."""
+    if ":" in name or name.endswith(".py"):
+        return config.load(name, overrides)[0]
+    return config.select(configs, name, overrides)
+
+
+def run(main) -> None:
+    """Run an experiment's ``main``; a config or input problem is one line and exit code 2,
+    as with the ``replug`` command."""
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def add_standard_args(ap: argparse.ArgumentParser, configs: dict) -> None:
-    ap.add_argument("--config", default="default", help=f"config variant: one of {sorted(configs)}")
+    ap.add_argument("--config", default="default",
+                    help=f"config variant: one of {sorted(configs)}, or path/to/file.py:variant")
     ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                    help="override config fields (values parsed as JSON when possible); "
-                         "repeatable: --set k=5 --set seed=1 keeps both")
+                    help="override config fields, coerced to each field's type; repeatable: "
+                         "--set k=5 --set seed=1 keeps both")
     ap.add_argument("--out", type=pathlib.Path, default=RESULTS,
                     help="results root; files go to OUT/<experiment>/<config>.{json,md,png}")
     ap.add_argument("--no-progress", action="store_true", help="hide progress bars")

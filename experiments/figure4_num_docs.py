@@ -23,6 +23,7 @@ from experiments.common import (
     new_figure,
     pick_config,
     provenance,
+    run,
     save_figure,
     write_results,
 )
@@ -96,4 +97,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

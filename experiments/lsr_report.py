@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from experiments.common import RESULTS, new_figure, provenance, save_figure, write_results
+from experiments.common import RESULTS, new_figure, provenance, run, save_figure, write_results
 
 DIFFERENCES = (
     "The paper trains Contriever from GPT-3 Curie likelihoods on 800K Pile sequences (k = 20, "
@@ -80,4 +80,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

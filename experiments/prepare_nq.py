@@ -42,4 +42,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from experiments.common import run
+
+    run(main)

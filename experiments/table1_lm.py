@@ -21,6 +21,7 @@ from experiments.common import (
     pick_config,
     provenance,
     require_data,
+    run,
     save_figure,
     write_results,
 )
@@ -113,4 +114,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -22,6 +22,7 @@ from experiments.common import (
     pick_config,
     provenance,
     require_data,
+    run,
     save_figure,
     write_results,
 )
@@ -97,4 +98,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -27,6 +27,7 @@ from experiments.common import (
     pick_config,
     provenance,
     require_data,
+    run,
     save_figure,
     write_results,
 )
@@ -253,4 +254,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

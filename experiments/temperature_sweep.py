@@ -28,6 +28,7 @@ from experiments.common import (
     new_figure,
     pick_config,
     provenance,
+    run,
     save_figure,
     write_results,
 )
@@ -163,4 +164,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

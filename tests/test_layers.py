@@ -5,8 +5,8 @@ import pathlib
 
 import replug_jax
 
-# core ← models ← retrieval / lm ← replug ← train / eval ← cli (fileio, extras: anywhere)
-LAYER = {"core": 0, "fileio": 0, "extras": 0, "prompts": 1, "models": 1, "sharding": 1,
+# core ← models ← retrieval / lm ← replug ← train / eval ← cli (fileio, extras, config: anywhere)
+LAYER = {"core": 0, "fileio": 0, "extras": 0, "config": 0, "prompts": 1, "models": 1, "sharding": 1,
          "retrieval": 2, "lm": 2, "replug": 3, "train": 4, "eval": 4, "cli": 5}
 
 

@@ -389,3 +389,28 @@ def test_queries_keep_their_last_tokens_in_training_and_retrieval():
     trainer_like.retriever = short
     q_ids, q_mask = trainer_like._tokenize([long_query], 8, "left")
     assert q_ids[0].tolist() == ids and q_mask.sum() == 8
+
+
+def test_one_config_loader_for_training_and_experiments(tmp_path):
+    """train-lsr and the experiment scripts share file.py:variant, --set with typed coercion
+    and one error type."""
+    from experiments.common import pick_config
+    from experiments.configs.table1_lm import CONFIGS
+    from replug_jax.config import ConfigError
+
+    cfg = pick_config(CONFIGS, "tiny", ["k=3", "temperature=0.5", "modes=[\"none\"]",
+                                        "lsr_retriever=null"])
+    assert (cfg.k, cfg.temperature, cfg.modes, cfg.lsr_retriever) == (3, 0.5, ("none",), None)
+    same = pick_config(CONFIGS, "experiments/configs/table1_lm.py:tiny", ["k=3"])
+    assert same.k == 3 and same.num_documents == CONFIGS["tiny"].num_documents
+    for bad, message in [(["k=three"], "k expects int"), (["nope=1"], "unknown config key"),
+                         (["temperature=hot"], "temperature expects float")]:
+        with pytest.raises(ConfigError, match=message):
+            pick_config(CONFIGS, "tiny", bad)
+    with pytest.raises(ConfigError, match="no variant 'huge'"):
+        pick_config(CONFIGS, "huge", [])
+    lsr, _ = load_config("experiments/configs/lsr_nq.py:tiny", ["learning_rate=1e-3",
+                                                                "remat=true"])
+    assert lsr.learning_rate == 1e-3 and lsr.remat is True
+    with pytest.raises(ConfigError, match="k expects an integer"):
+        load_config("experiments/configs/lsr_nq.py:tiny", ["k=4.5"])

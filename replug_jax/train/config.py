@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
-import pathlib
 from typing import Literal
+
+from replug_jax import config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,48 +111,10 @@ class LSRConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def parse_value(field: dataclasses.Field, text: str):
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = text
-    if field.type in ("int", int) and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return value
-
-
 def apply_overrides(cfg: LSRConfig, overrides: list[str]) -> LSRConfig:
-    fields = {f.name: f for f in dataclasses.fields(cfg)}
-    changes = {}
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ValueError(f"override {item!r} is not key=value")
-        if key not in fields:
-            raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(sorted(fields))}")
-        changes[key] = parse_value(fields[key], text)
-    return dataclasses.replace(cfg, **changes)
+    return config.apply_overrides(cfg, overrides)
 
 
 def load_config(spec: str, overrides: list[str] = ()) -> tuple[LSRConfig, str]:
-    """``path/to/config.py[:variant]`` -> (config, variant). The file defines ``CONFIGS``."""
-    path_text, _, variant = spec.partition(":")
-    path = pathlib.Path(path_text)
-    if not path.exists():
-        raise ValueError(f"{path}: no such config file")
-    module_spec = importlib.util.spec_from_file_location(f"_replug_cfg_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    configs = getattr(module, "CONFIGS", None)
-    if not isinstance(configs, dict):
-        raise ValueError(f"{path}: defines no CONFIGS dict")
-    variant = variant or "default"
-    if variant not in configs:
-        raise ValueError(f"{path}: no variant {variant!r} (has: {', '.join(sorted(configs))})")
-    cfg = configs[variant]
-    if isinstance(cfg, dict):
-        unknown = set(cfg) - {f.name for f in dataclasses.fields(LSRConfig)}
-        if unknown:
-            raise ValueError(f"{path}:{variant}: unknown config key(s) {sorted(unknown)}")
-        cfg = LSRConfig(**cfg)
-    return apply_overrides(cfg, list(overrides)), variant
+    """``path/to/config.py[:variant]`` -> (config, variant); see :mod:`replug_jax.config`."""
+    return config.load(spec, overrides, cls=LSRConfig)

@@ -1,0 +1,132 @@
+"""One way to configure a run: a Python file of named variants, ``file.py:variant``, and
+``--set key=value`` overrides coerced to each field's type. ``replug train-lsr`` and every
+experiment script use it, and every problem is a :class:`ConfigError` naming the key.
+
+A config file defines ``CONFIGS = {"default": <dataclass instance or dict>, "tiny": ..., }``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import typing
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used: unknown file, variant or key, or a value of the wrong
+    type; the message names it."""
+
+
+def _kind(field: dataclasses.Field) -> str:
+    """The base type of a field as a word: 'int', 'float', 'bool', 'str', 'tuple' or ''."""
+    text = field.type if isinstance(field.type, str) else \
+        getattr(field.type, "__name__", str(field.type))
+    text = text.replace("typing.", "")
+    if text.startswith("Literal"):
+        return "str"
+    for kind in ("bool", "int", "float", "str", "tuple"):
+        if text == kind or text.startswith(kind + " |") or text.startswith(kind + "["):
+            return kind
+    return ""
+
+
+def coerce(field: dataclasses.Field, text: str):
+    """``text`` as the field's type: JSON where it parses (numbers, lists, null, booleans),
+    ``true``/``false`` for booleans, the raw text for strings."""
+    kind, optional = _kind(field), "None" in str(field.type)
+    if optional and text in ("null", "None", "none"):
+        return None
+    if kind == "str":
+        return text
+    if kind == "bool":
+        if text.lower() == "true":
+            return True
+        if text.lower() == "false":
+            return False
+        raise ConfigError(f"{field.name} must be true or false, got {text!r}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        if kind in ("int", "float", "tuple"):
+            raise ConfigError(f"{field.name} expects {kind}, got {text!r}") from None
+        return text
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{field.name} expects an integer, got {text!r}")
+    elif kind == "float":
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{field.name} expects a number, got {text!r}")
+        value = float(value)
+    elif kind == "tuple":
+        value = tuple(value) if isinstance(value, list) else (value,)
+    return value
+
+
+def apply_overrides(cfg, overrides: typing.Iterable[str]):
+    """``cfg`` with ``key=value`` overrides applied (later ones win)."""
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    changes = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} is not key=value")
+        if key not in fields:
+            raise ConfigError(f"unknown config key {key!r}; known keys: "
+                              f"{', '.join(sorted(fields))}")
+        changes[key] = coerce(fields[key], text)
+    try:
+        return dataclasses.replace(cfg, **changes)
+    except ValueError as err:  # the dataclass's own validation
+        raise ConfigError(str(err)) from err
+
+
+def read_variants(path: str | pathlib.Path) -> dict:
+    """The ``CONFIGS`` dict of a config file."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    spec = importlib.util.spec_from_file_location(f"_replug_cfg_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    configs = getattr(module, "CONFIGS", None)
+    if not isinstance(configs, dict):
+        raise ConfigError(f"{path}: defines no CONFIGS dict")
+    return configs
+
+
+def select(configs: dict, variant: str, overrides: typing.Iterable[str] = (), *,
+           cls=None, where: str = ""):
+    """``configs[variant]`` (a dataclass instance, or a dict of ``cls`` fields) with
+    overrides."""
+    if variant not in configs:
+        raise ConfigError(f"{where}no variant {variant!r} (has: {', '.join(sorted(configs))})")
+    cfg = configs[variant]
+    if isinstance(cfg, dict):
+        if cls is None:
+            raise ConfigError(f"{where}{variant}: a dict variant needs a config class")
+        unknown = set(cfg) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"{where}{variant}: unknown config key(s) {sorted(unknown)}")
+        try:
+            cfg = cls(**cfg)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+    return apply_overrides(cfg, overrides)
+
+
+def load(spec: str, overrides: typing.Iterable[str] = (), *, cls=None,
+         default_file: str | pathlib.Path | None = None):
+    """``path/to/config.py[:variant]`` (or a bare ``variant`` of ``default_file``) ->
+    ``(config, variant)``."""
+    path_text, sep, variant = spec.partition(":")
+    if not sep and not path_text.endswith(".py"):
+        if default_file is None:
+            raise ConfigError(f"{spec!r}: give a config file, path/to/config.py[:variant]")
+        path_text, variant = str(default_file), spec
+    variant = variant or "default"
+    configs = read_variants(path_text)
+    return select(configs, variant, overrides, cls=cls, where=f"{path_text}: "), variant
