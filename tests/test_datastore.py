@@ -154,20 +154,22 @@ def test_ivf_pq_trains_on_a_sample_and_finds_neighbours(tmp_path):
     assert Index.load(tmp_path / "idx").manifest["factory"] == "IVF16,PQ8"
 
 
+class Killed(Exception):
+    pass
+
+
+def die_at_shard_1(s: int) -> None:
+    if s == 1:
+        raise Killed
+
+
 def test_interrupted_builds_resume_without_recomputing(tmp_path):
     emb = clustered(300)
     np.save(tmp_path / "emb.npy", emb)
 
-    class Killed(Exception):
-        pass
-
-    def die(s):
-        if s == 1:
-            raise Killed
-
     with pytest.raises(Killed):
         build_index(_passages(300), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
-                    num_shards=4, progress=False, on_shard=die)
+                    num_shards=4, progress=False, on_shard=die_at_shard_1)
     assert not (tmp_path / "idx").exists() and (tmp_path / "idx.partial" / "shard-00000").exists()
     built = []
     idx = build_index(_passages(300), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
@@ -199,15 +201,9 @@ def test_embedding_resumes_at_shard_granularity_and_splits_across_processes(tmp_
     store = PassageStore.from_passages(_passages(50))
     enc = CountingEncoder()
 
-    class Killed(Exception):
-        pass
-
-    def die(s):
-        if s == 1:
-            raise Killed
-
     with pytest.raises(Killed):
-        embed_store(store, enc, tmp_path / "emb", shard_rows=16, progress=False, on_shard=die)
+        embed_store(store, enc, tmp_path / "emb", shard_rows=16, progress=False,
+                    on_shard=die_at_shard_1)
     assert enc.encoded == 32
     paths = embed_store(store, enc, tmp_path / "emb", shard_rows=16, progress=False)
     assert enc.encoded == 32 + 18  # shards 2 (16) and 3 (2) only

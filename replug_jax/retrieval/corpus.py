@@ -109,25 +109,26 @@ def _iter_tsv(path: pathlib.Path) -> Iterator[Document]:
     csv.field_size_limit(1 << 30)
     with open(path, encoding="utf-8", newline="") as f:
         rows = csv.reader(f, delimiter="\t")
-        try:
-            header = next(rows)
-        except StopIteration:
+
+        def next_row(what: str) -> list[str] | None:
+            try:
+                return next(rows)
+            except StopIteration:
+                return None
+            except (UnicodeDecodeError, csv.Error) as err:
+                raise CorpusError(f"{path}:{rows.line_num + 1}: unreadable {what} ({err})") \
+                    from err
+
+        header = next_row("header")
+        if header is None:
             return
-        except (UnicodeDecodeError, csv.Error) as err:
-            raise CorpusError(f"{path}:1: unreadable header ({err})") from err
         names = [h.strip().lower() for h in header]
         if "id" not in names or "text" not in names:
             raise CorpusError(f"{path}:1: the header must name the columns 'id' and 'text' "
                               f"(and optionally 'title'), got {header}")
         i_id, i_text = names.index("id"), names.index("text")
         i_title = names.index("title") if "title" in names else None
-        while True:
-            try:
-                fields = next(rows)
-            except StopIteration:
-                return
-            except (UnicodeDecodeError, csv.Error) as err:
-                raise CorpusError(f"{path}:{rows.line_num}: unreadable row ({err})") from err
+        while (fields := next_row("row")) is not None:
             if not fields:
                 continue
             if len(fields) != len(names):
