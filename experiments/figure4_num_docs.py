@@ -28,7 +28,7 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.table1_lm import CONFIGS
-from experiments.table1_lm import build_pipe, wikitext_setup
+from experiments.data import build_pipe, wikitext_setup
 from replug_jax.core.ensemble import mixture_logprobs, perplexity, retrieval_log_weights
 from replug_jax.eval.lm import evaluate_lm
 

@@ -13,7 +13,7 @@ import pathlib
 
 import numpy as np
 
-from experiments.table3_qa import load_nq
+from experiments.data import load_nq
 
 
 def main(argv=None):

@@ -16,20 +16,16 @@ from experiments.common import (
     Stopwatch,
     add_standard_args,
     load_lm,
-    load_retriever,
     new_figure,
     pick_config,
     provenance,
-    require_data,
     run,
     save_figure,
     write_results,
 )
 from experiments.configs.table1_lm import CONFIGS
-from replug_jax.eval.lm import WindowSettings, evaluate_lm, split_wikitext
-from replug_jax.replug import Replug
-from replug_jax.retrieval.corpus import chunk_documents
-from replug_jax.retrieval.index import index_in_memory
+from experiments.data import build_pipe, wikitext_setup
+from replug_jax.eval.lm import evaluate_lm
 
 DIFFERENCES = (
     "The paper evaluates on the Pile with a 367M-document Pile training corpus, Contriever and "
@@ -39,26 +35,6 @@ DIFFERENCES = (
     "the window being read, all-MiniLM-L6-v2 as retriever and SmolLM2-135M as LM. The corpus "
     "therefore holds the other parts of the same articles and other articles, not a web-scale "
     "corpus, and a few windows per article are evaluated.")
-
-
-def wikitext_setup(cfg, lm, progress: bool = True):
-    """(evaluated documents, corpus passages, window settings) for a config."""
-    raw = (require_data("wikitext2") / "wiki.test.raw").read_text(encoding="utf-8")
-    docs = split_wikitext(raw)
-    corpus_docs = docs[:cfg.corpus_documents] if cfg.corpus_documents else docs
-    if cfg.num_documents > len(corpus_docs):
-        corpus_docs = docs[:max(cfg.num_documents, len(corpus_docs))]
-    passages = chunk_documents(corpus_docs, size=cfg.passage_tokens, unit="tokens",
-                               tokenizer=lm.tokenizer)
-    settings = WindowSettings(cfg.context_tokens, cfg.stride, cfg.query_tokens, cfg.skip_first,
-                              cfg.leakage, cfg.max_windows_per_document or None)
-    return docs[:cfg.num_documents], passages, settings
-
-
-def build_pipe(cfg, retriever_source: str, lm, passages) -> Replug:
-    retriever = load_retriever(retriever_source)
-    index = index_in_memory(passages, retriever)
-    return Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
 
 
 def main(argv=None):

@@ -27,7 +27,7 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.table2_mmlu import CONFIGS
-from experiments.table3_qa import wikipedia_passages
+from experiments.data import wikipedia_passages
 from replug_jax.eval.mmlu import CATEGORIES, evaluate_mmlu, load_mmlu
 from replug_jax.replug import Replug
 from replug_jax.retrieval.index import index_in_memory

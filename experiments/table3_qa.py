@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import re
 
 import numpy as np
 
@@ -26,58 +25,16 @@ from experiments.common import (
     new_figure,
     pick_config,
     provenance,
-    require_data,
     run,
     save_figure,
     write_results,
 )
 from experiments.configs.table3_qa import CONFIGS
+from experiments.data import load_nq, load_nq_open
 from replug_jax.eval.qa import exact_match, f1_score, first_line
 from replug_jax.prompts import qa_prompt
 from replug_jax.replug import Replug
-from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.index import index_in_memory
-
-
-def load_nq():
-    folder = require_data("nq_gold_passages")
-    open_rows = [json.loads(x) for x in (folder / "nq_openbook.jsonl").read_text().splitlines()]
-    closed = [json.loads(x) for x in (folder / "nq_closedbook.jsonl").read_text().splitlines()]
-    passages, questions = [], []
-    for i, row in enumerate(open_rows):
-        m = re.match(r"Context: (.*)\n\nQuestion: (.*)\nAnswer:", row["query"], re.S)
-        passages.append(Passage(i, m.group(1).strip()))
-        questions.append(m.group(2).strip())
-    answers = [[r["answer"]] + list(r.get("aliases", [])) for r in closed]
-    return passages, questions, answers
-
-
-def load_nq_open(corpus_kind: str, tokenizer):
-    """NQ-open dev questions (3610; the split the literature reports as its test set) with
-    their answer lists, and the Wikipedia text available offline as corpus."""
-    rows = [json.loads(x) for x in (require_data("nq_open") / "NQ-open.dev.jsonl").read_text()
-            .splitlines() if x.strip()]
-    questions = [r["question"] for r in rows]
-    answers = [list(r["answer"]) for r in rows]
-    return wikipedia_passages(corpus_kind, tokenizer), questions, answers
-
-
-def wikipedia_passages(kind: str, tokenizer) -> list[Passage]:
-    """The Wikipedia text available offline: the 624 NQ gold passages (``nq_passages``),
-    WikiText-2 test in 128-token passages (``wikitext``), or ``both``."""
-    from replug_jax.eval.lm import split_wikitext
-    from replug_jax.retrieval.corpus import chunk_documents
-
-    if kind not in ("nq_passages", "wikitext", "both"):
-        raise SystemExit(f"corpus must be nq_passages, wikitext or both, got {kind!r}")
-    texts = []
-    if kind in ("nq_passages", "both"):
-        texts += [p.text for p in load_nq()[0]]
-    if kind in ("wikitext", "both"):
-        raw = (require_data("wikitext2") / "wiki.test.raw").read_text(encoding="utf-8")
-        texts += [p.text for p in chunk_documents(split_wikitext(raw), size=128, unit="tokens",
-                                                  tokenizer=tokenizer)]
-    return [Passage(i, t) for i, t in enumerate(texts)]
 
 
 def select_questions(cfg, questions: list[str]) -> list[int]:
