@@ -30,7 +30,7 @@ from experiments.common import (
 from experiments.configs.table1_lm import CONFIGS
 from experiments.data import build_pipe, wikitext_setup
 from replug_jax.core.ensemble import mixture_logprobs, perplexity, retrieval_log_weights
-from replug_jax.eval.lm import evaluate_lm
+from replug_jax.eval.lm import LMEvaluator
 
 DIFFERENCES = (
     "The paper's Figure 4 ensembles up to 100 documents with GPT-2/Codex on the Pile. Here: "
@@ -64,9 +64,9 @@ def main(argv=None):
     with Stopwatch() as sw:
         docs, passages, settings = wikitext_setup(cfg, lm)
         pipe = build_pipe(cfg, cfg.retriever, lm, passages)
-        report = evaluate_lm(pipe, docs, settings, modes=("none", "replug", "random"),
-                             k=max(ks), batch_size=cfg.batch_size, progress=not args.no_progress,
-                             keep_results=True)
+        report = LMEvaluator(docs, settings, modes=("none", "replug", "random"), k=max(ks),
+                             batch_size=cfg.batch_size, progress=not args.no_progress,
+                             keep_results=True).run(pipe)
     curves = {mode: perplexity_by_k(report["modes"][mode]["results"], ks)
               for mode in ("replug", "random")}
     alone = report["modes"]["none"]["perplexity"]

@@ -25,7 +25,7 @@ from experiments.common import (
 )
 from experiments.configs.table1_lm import CONFIGS
 from experiments.data import build_pipe, wikitext_setup
-from replug_jax.eval.lm import evaluate_lm
+from replug_jax.eval.lm import LMEvaluator
 
 DIFFERENCES = (
     "The paper evaluates on the Pile with a 367M-document Pile training corpus, Contriever and "
@@ -47,14 +47,14 @@ def main(argv=None):
     with Stopwatch() as sw:
         docs, passages, settings = wikitext_setup(cfg, lm)
         pipe = build_pipe(cfg, cfg.retriever, lm, passages)
-        report = evaluate_lm(pipe, docs, settings, modes=cfg.modes, batch_size=cfg.batch_size,
-                             progress=not args.no_progress)
+        evaluator = LMEvaluator(docs, settings, modes=cfg.modes, batch_size=cfg.batch_size,
+                                progress=not args.no_progress)
+        report = evaluator.run(pipe)
         rows = dict(report["modes"])
         if cfg.lsr_retriever:
             lsr = build_pipe(cfg, cfg.lsr_retriever, lm, passages)
-            rows["replug_lsr"] = evaluate_lm(lsr, docs, settings, modes=("replug",),
-                                             batch_size=cfg.batch_size,
-                                             progress=not args.no_progress)["modes"]["replug"]
+            rows["replug_lsr"] = dataclasses.replace(evaluator, modes=("replug",)).run(
+                lsr)["modes"]["replug"]
     base = rows["none"]["bits_per_byte"] if "none" in rows else None
     table = []
     for mode, r in rows.items():

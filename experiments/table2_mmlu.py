@@ -28,7 +28,7 @@ from experiments.common import (
 )
 from experiments.configs.table2_mmlu import CONFIGS
 from experiments.data import wikipedia_passages
-from replug_jax.eval.mmlu import CATEGORIES, evaluate_mmlu, load_mmlu
+from replug_jax.eval.mmlu import CATEGORIES, MMLUEvaluator, load_mmlu
 from replug_jax.replug import Replug
 from replug_jax.retrieval.index import index_in_memory
 
@@ -62,9 +62,9 @@ def main(argv=None):
             pipe = Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature,
                           seed=cfg.seed)
             modes = cfg.modes if label == "replug" else ("replug",)
-            res = evaluate_mmlu(pipe, test, dev, modes=modes, shots=cfg.shots,
+            res = MMLUEvaluator(test, dev, modes=modes, shots=cfg.shots,
                                 query_with_options=cfg.query_with_options,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress).run(pipe)
             for mode, r in res.items():
                 rows[mode if label == "replug" else label] = r
     cats = [c for c in CATEGORIES if any(c in r["categories"] for r in rows.values())]

@@ -31,8 +31,7 @@ from experiments.common import (
 )
 from experiments.configs.table3_qa import CONFIGS
 from experiments.data import load_nq, load_nq_open
-from replug_jax.eval.qa import exact_match, f1_score, first_line
-from replug_jax.prompts import qa_prompt
+from replug_jax.eval.qa import QAEvaluator
 from replug_jax.replug import Replug
 from replug_jax.retrieval.index import index_in_memory
 
@@ -47,84 +46,24 @@ def select_questions(cfg, questions: list[str]) -> list[int]:
     return list(range(min(cfg.num_questions, len(questions) - cfg.shots)))
 
 
-def _question(cfg, pipe, mode: str, i: int, prompt: str, question: str,
-              answers: list[str]) -> dict:
-    """One question in one mode: gold-answer log-likelihood (+ gold λ, EM/F1 when asked)."""
-    rec = {"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
-    if cfg.likelihood:
-        [s] = pipe.score([prompt], [" " + answers[0]], [question], mode=mode, reliance=False)
-        rec = {"loglik": s.loglik, "cost": {"lm_calls": s.cost["lm_calls"],
-                                            "input_tokens": s.cost["input_tokens"]}}
-        if mode == "replug" and cfg.dataset == "nq_gold":  # gold passage i for question i
-            w = dict(zip(s.doc_ids, s.weights))
-            rec.update(gold_weight=w.get(i, 0.0), gold_hit=i in w)
-    if mode in cfg.generate_modes:
-        [g] = pipe.generate([prompt], cfg.max_new_tokens, stop=["\n"], queries=[question],
-                            mode=mode)
-        pred = first_line(g.text)
-        rec.update(prediction=pred, em=exact_match(pred, answers), f1=f1_score(pred, answers))
-        if not cfg.likelihood:
-            rec["cost"] = {"lm_calls": g.cost["lm_calls"], "input_tokens": g.cost["input_tokens"]}
-    return rec
-
-
-def _load_partial(path, label: str) -> dict:
-    """Per-question records of an interrupted run of the same config (see ``main``)."""
-    if path is None or not path.exists():
-        return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by the interruption
-            continue
-        if rec.pop("label") == label:
-            out[(rec.pop("mode"), rec.pop("i"))] = rec
-    return out
-
-
 def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label: str,
              progress: bool = True, partial=None) -> dict:
-    """Rows per mode. ``partial``: a JSONL file of per-question records, appended as they are
-    computed and reused on a rerun, so an interrupted run resumes where it stopped."""
-    from tqdm.auto import tqdm
-
+    """Rows per mode (:class:`replug_jax.eval.qa.QAEvaluator`). ``partial``: a JSONL file of
+    per-question records, appended as they are computed and reused on a rerun, so an
+    interrupted run resumes where it stopped."""
     retriever = load_retriever(retriever_source)
     index = index_in_memory(passages, retriever)
     pipe = Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
     selected = select_questions(cfg, questions)
-    demos = [(questions[-1 - j], answers[-1 - j][0]) for j in range(cfg.shots)]
-    prompts = {i: qa_prompt(questions[i], demonstrations=demos, chat=False) for i in selected}
-    out = {}
-    done = _load_partial(partial, label)
-    for mode in cfg.modes:
-        if label != "replug" and mode != "replug":
-            continue  # the LSR retriever only changes the REPLUG row
-        records = []
-        for i in tqdm(selected, desc=f"{label}:{mode}", disable=not progress):
-            rec = done.get((mode, i))
-            if rec is None:
-                rec = _question(cfg, pipe, mode, i, prompts[i], questions[i], answers[i])
-                if partial is not None:
-                    with open(partial, "a") as f:
-                        f.write(json.dumps({"label": label, "mode": mode, "i": i, **rec}) + "\n")
-            records.append(rec)
-        lls = [r["loglik"] for r in records]
-        costs = [r["cost"] for r in records]
-        ems = [r["em"] for r in records if "em" in r]
-        f1s = [r["f1"] for r in records if "f1" in r]
-        gold_w = [r["gold_weight"] for r in records if "gold_weight" in r]
-        gold_hit = [r["gold_hit"] for r in records if "gold_hit" in r]
-        row = {"mean_answer_loglik": float(np.mean(lls)), "lm_calls": int(
-            sum(c["lm_calls"] for c in costs)), "input_tokens": int(
-            sum(c["input_tokens"] for c in costs))}
-        if ems:
-            row.update(exact_match=float(np.mean(ems)), f1=float(np.mean(f1s)))
-        if gold_w:
-            row.update(mean_gold_weight=float(np.mean(gold_w)),
-                       gold_recall_at_k=float(np.mean(gold_hit)))
-        out[mode if label == "replug" else "replug_lsr"] = row
-    return out
+    lsr = label != "replug"  # the LSR retriever only changes the REPLUG row
+    return QAEvaluator(
+        questions, answers, selected,
+        demonstrations=[(questions[-1 - j], answers[-1 - j][0]) for j in range(cfg.shots)],
+        modes=("replug",) if lsr else cfg.modes, generate_modes=cfg.generate_modes,
+        likelihood=cfg.likelihood, max_new_tokens=cfg.max_new_tokens,
+        gold_doc={i: i for i in selected} if cfg.dataset == "nq_gold" else None,
+        partial=partial, label=label, row_names={"replug": "replug_lsr"} if lsr else None,
+        progress=progress).run(pipe)
 
 
 DIFFERENCES = (

@@ -168,3 +168,66 @@ def test_mmlu_choice_is_the_likeliest_letter(tiny_pipe):
     expect = [int(np.argmax(lp[i, letter_ids])) == q.answer for i, q in enumerate(qs)]
     assert out["none"]["overall"]["micro"] == pytest.approx(np.mean(expect))
     assert out["none"]["lm_calls"] == 3
+
+
+class _FakePipe:
+    """Scores every answer by its length and 'retrieves' passages 7 and 9, counting calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def score(self, prompts, continuations, queries, mode, reliance):
+        import types
+
+        self.calls += 1
+        return [types.SimpleNamespace(loglik=-float(len(continuations[0])),
+                                      cost={"lm_calls": 2, "input_tokens": 10},
+                                      doc_ids=[7, 9], weights=[0.75, 0.25])]
+
+    def generate(self, prompts, max_new_tokens, stop, queries, mode):
+        import types
+
+        self.calls += 1
+        cost = {"lm_calls": 1, "input_tokens": 5}
+        return [types.SimpleNamespace(text=" Paris\nmore", cost=cost)]
+
+
+def test_qa_evaluator_rows_and_resume(tmp_path):
+    from replug_jax.eval.qa import QAEvaluator
+
+    ev = QAEvaluator(["q0?", "q1?", "q2?"], [["Paris"], ["Rome", "Roma"], ["x"]], [0, 1],
+                     demonstrations=[("q2?", "x")], modes=("none", "replug"),
+                     generate_modes=("replug",), gold_doc={0: 7, 1: 3},
+                     partial=tmp_path / "partial.jsonl", progress=False)
+    pipe = _FakePipe()
+    rows = ev.run(pipe)
+    assert rows["none"]["mean_answer_loglik"] == pytest.approx(-(6 + 5) / 2)  # " Paris", " Rome"
+    assert rows["replug"]["exact_match"] == pytest.approx(0.5)  # "Paris" right, then wrong
+    assert rows["replug"]["mean_gold_weight"] == pytest.approx((0.75 + 0.0) / 2)
+    assert rows["replug"]["gold_recall_at_k"] == pytest.approx(0.5)
+    assert rows["none"]["lm_calls"] == 4 and "exact_match" not in rows["none"]
+    first_calls = pipe.calls
+    again = _FakePipe()
+    assert ev.run(again) == rows and again.calls == 0  # every record came from the file
+    assert first_calls == 2 + 2 * 2
+
+
+def test_retrieval_evaluator_recall_by_hand():
+    from replug_jax.eval.retrieval import RetrievalEvaluator
+    from replug_jax.retrieval.corpus import Passage
+    from replug_jax.retrieval.index import Index
+
+    class Encoder:
+        def encode_queries(self, texts):
+            return np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], np.float32)[:len(texts)]
+
+    import types
+
+    emb = np.array([[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], np.float32)
+    index = Index.build(emb, [Passage(i, f"p{i}") for i in range(4)])
+    pipe = types.SimpleNamespace(retriever=Encoder(), index=index)
+    # query 0 ranks 0, 1, 3, 2 (gold 1 second); query 1 ranks 2, 3, ... (gold 2 first);
+    # query 2 scores 0.60, 0.62, 0.80, 0.78: ranks 2, 3, 1, 0 (gold 3 second)
+    out = RetrievalEvaluator(["a", "b", "c"], [1, 2, 3], ks=(1, 2, 4)).run(pipe)
+    assert out["recall@1"] == pytest.approx(1 / 3) and out["recall@2"] == 1.0
+    assert out["recall@4"] == 1.0 and out["queries"] == 3

@@ -164,3 +164,23 @@ def evaluate_lm(pipe: Replug, documents: Sequence[Document], settings: WindowSet
             entry["results"] = results
         report["modes"][mode] = entry
     return report
+
+
+@dataclasses.dataclass
+class LMEvaluator:
+    """Language modelling (Table 1): bits per byte and perplexity of ``documents`` for each
+    mode, with ``run(pipe) -> dict`` like every evaluator in :mod:`replug_jax.eval`."""
+
+    documents: Sequence[Document]
+    settings: WindowSettings
+    modes: Sequence[str] = ("none", "replug")
+    k: int | None = None  # documents per window (default: the pipeline's k)
+    batch_size: int = 4
+    progress: bool = True
+    keep_results: bool = False
+    name: str = "lm"
+
+    def run(self, pipe: Replug) -> dict:
+        return evaluate_lm(pipe, self.documents, self.settings, modes=self.modes, k=self.k,
+                           batch_size=self.batch_size, progress=self.progress,
+                           keep_results=self.keep_results)

@@ -146,3 +146,21 @@ def evaluate_mmlu(pipe, test: dict[str, list[Question]], dev: dict[str, list[Que
             tokens += res["cost"].get("input_tokens", 0)
         out[mode] = {**accuracy_table(correct), "lm_calls": calls, "input_tokens": tokens}
     return out
+
+
+@dataclasses.dataclass
+class MMLUEvaluator:
+    """MMLU (Table 2): accuracy per subject and category for each mode, ``run(pipe) -> dict``."""
+
+    test: dict
+    dev: dict
+    modes: Sequence[str] = ("none", "replug")
+    shots: int = 5
+    query_with_options: bool = False
+    progress: bool = True
+    name: str = "mmlu"
+
+    def run(self, pipe) -> dict:
+        return evaluate_mmlu(pipe, self.test, self.dev, modes=self.modes, shots=self.shots,
+                             query_with_options=self.query_with_options,
+                             progress=self.progress)

@@ -1,11 +1,17 @@
-"""Open-domain QA metrics: the standard SQuAD/DPR answer normalisation, exact match and F1."""
+"""Open-domain QA: the standard SQuAD/DPR answer normalisation, exact match and F1, and the
+few-shot QA evaluator of Table 3."""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
+import pathlib
 import re
 import string
 from typing import Sequence
+
+import numpy as np
 
 _PUNCT = set(string.punctuation)
 
@@ -48,3 +54,112 @@ def first_line(generation: str) -> str:
         if line.strip():
             return line.strip()
     return ""
+
+
+@dataclasses.dataclass
+class QAEvaluator:
+    """Few-shot QA (Table 3): the gold answer's log-likelihood under each mode of the
+    pipeline, and exact match / F1 of greedy answers for ``generate_modes``;
+    ``run(pipe) -> {mode: row}``.
+
+    ``selected`` are the evaluated question indices; the prompt of question ``i`` is
+    ``demonstrations`` (question, answer pairs) then the question, and the retrieval query is
+    the question alone. ``gold_doc`` maps a question index to its gold passage id, when known
+    (the gold passage's mean weight λ and recall@k are then reported). With ``partial``, every
+    per-question record is appended to that JSONL file as it is computed and reused on a rerun
+    with the same ``label``: an interrupted evaluation resumes where it stopped.
+    """
+
+    questions: Sequence[str]
+    answers: Sequence[Sequence[str]]
+    selected: Sequence[int]
+    demonstrations: Sequence[tuple[str, str]] = ()
+    modes: Sequence[str] = ("none", "replug")
+    generate_modes: Sequence[str] = ()
+    likelihood: bool = True
+    max_new_tokens: int = 16
+    gold_doc: dict | None = None
+    partial: str | pathlib.Path | None = None
+    label: str = "replug"
+    row_names: dict | None = None  # mode -> the name of its row (default: the mode)
+    progress: bool = True
+    name: str = "qa"
+
+    def _question(self, pipe, mode: str, i: int, prompt: str) -> dict:
+        question, answers = self.questions[i], list(self.answers[i])
+        rec = {"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
+        if self.likelihood:
+            [s] = pipe.score([prompt], [" " + answers[0]], [question], mode=mode,
+                             reliance=False)
+            rec = {"loglik": s.loglik, "cost": {"lm_calls": s.cost["lm_calls"],
+                                                "input_tokens": s.cost["input_tokens"]}}
+            if mode == "replug" and self.gold_doc is not None and i in self.gold_doc:
+                w = dict(zip(s.doc_ids, s.weights))
+                rec.update(gold_weight=w.get(self.gold_doc[i], 0.0),
+                           gold_hit=self.gold_doc[i] in w)
+        if mode in self.generate_modes:
+            [g] = pipe.generate([prompt], self.max_new_tokens, stop=["\n"], queries=[question],
+                                mode=mode)
+            pred = first_line(g.text)
+            rec.update(prediction=pred, em=exact_match(pred, answers),
+                       f1=f1_score(pred, answers))
+            if not self.likelihood:
+                rec["cost"] = {"lm_calls": g.cost["lm_calls"],
+                               "input_tokens": g.cost["input_tokens"]}
+        return rec
+
+    def _done(self) -> dict:
+        path = pathlib.Path(self.partial) if self.partial is not None else None
+        if path is None or not path.exists():
+            return {}
+        out = {}
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by the interruption
+                continue
+            if rec.pop("label") == self.label:
+                out[(rec.pop("mode"), rec.pop("i"))] = rec
+        return out
+
+    def run(self, pipe) -> dict:
+        from tqdm.auto import tqdm
+
+        from replug_jax.prompts import qa_prompt
+
+        prompts = {i: qa_prompt(self.questions[i], demonstrations=self.demonstrations,
+                                chat=False) for i in self.selected}
+        done = self._done()
+        out = {}
+        for mode in self.modes:
+            records = []
+            for i in tqdm(self.selected, desc=f"{self.label}:{mode}", disable=not self.progress):
+                rec = done.get((mode, i))
+                if rec is None:
+                    rec = self._question(pipe, mode, i, prompts[i])
+                    if self.partial is not None:
+                        with open(self.partial, "a") as f:
+                            f.write(json.dumps({"label": self.label, "mode": mode, "i": i,
+                                                **rec}) + "\n")
+                records.append(rec)
+            out[(self.row_names or {}).get(mode, mode)] = summarize_records(records)
+        return out
+
+
+def summarize_records(records: Sequence[dict]) -> dict:
+    """One mode's row: mean gold-answer log-likelihood, cost, EM/F1 and the gold passage's
+    weight and recall when measured."""
+    costs = [r["cost"] for r in records]
+    row = {"mean_answer_loglik": float(np.mean([r["loglik"] for r in records])),
+           "lm_calls": int(sum(c["lm_calls"] for c in costs)),
+           "input_tokens": int(sum(c["input_tokens"] for c in costs))}
+    ems = [r["em"] for r in records if "em" in r]
+    if ems:
+        row.update(exact_match=float(np.mean(ems)),
+                   f1=float(np.mean([r["f1"] for r in records if "f1" in r])))
+    gold_w = [r["gold_weight"] for r in records if "gold_weight" in r]
+    if gold_w:
+        row.update(mean_gold_weight=float(np.mean(gold_w)),
+                   gold_recall_at_k=float(np.mean([r["gold_hit"] for r in records
+                                                   if "gold_hit" in r])))
+    return row
