@@ -1,14 +1,10 @@
-"""The LSR I/O shell: data, retrieval, LM scores, index refresh, checkpoints, metrics.
+"""The LSR loop: batches, retrieval, LM scores, the step, metrics, evaluation.
 
-Everything impure lives here; the step itself is :func:`replug_jax.train.lsr.make_train_step`.
-
-Index refresh (§4.4) is deterministic so that runs resume exactly: a refresh *starts* at every
-multiple of ``refresh_every`` from a snapshot of the parameters (written to disk first) and is
-*swapped in* exactly ``lag`` steps later (``refresh_mode="sync"``: lag 0; ``"background"``:
-the corpus is re-embedded in a thread while training goes on, and the swap waits only if the
-new index is not ready). The index searched at step ``s`` is therefore always version
-``max(0, ⌊(s − lag) / refresh_every⌋ + 1)`` if ``s >= lag`` after the first refresh — never more
-than one refresh period behind. Every version is kept under ``workdir/index/v<N>``.
+The pieces it uses: the pure step (:mod:`replug_jax.train.lsr`), index versions and their
+refresh (:mod:`replug_jax.train.refresh`; the index searched at step ``s`` is always version
+``max(0, ⌊(s − lag) / refresh_every⌋ + 1)`` if ``s >= lag`` after the first refresh, never more
+than one refresh period behind), checkpoints (:mod:`replug_jax.train.checkpoint`) and export
+(:mod:`replug_jax.train.export`).
 
 Checkpoints (orbax) hold the parameters, optimizer state and step, plus JSON metadata: the
 config fingerprint, the index version in use and any refresh in flight. The metrics log
@@ -18,23 +14,19 @@ missing. A corrupt latest checkpoint falls back to the previous one, with a warn
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
-import shutil
-import threading
 import time
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from replug_jax.fileio import atomic_path, write_json_atomic, write_text_atomic
+from replug_jax.fileio import write_json_atomic, write_text_atomic
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.retrieval.index import DeviceIndex, Index, corpus_rows, corpus_text
+from replug_jax.retrieval.index import DeviceIndex, Index, corpus_text
 from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import host_copy, local_rows, make_mesh, replicate, shard_batch
 from replug_jax.train.checkpoint import Checkpoints
@@ -42,40 +34,12 @@ from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import Example, batch_indices
 from replug_jax.models.params import split_params, to_module
 from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
+from replug_jax.train.refresh import IndexRefresher
 from replug_jax.train.supervision import LMScoreCache, lm_scores
 
 
 class CheckpointMismatch(ValueError):
     """The work directory holds a run with a different config."""
-
-
-@dataclasses.dataclass
-class _Refresh:
-    version: int
-    start_step: int
-    thread: threading.Thread | None = None
-    index: Index | DeviceIndex | None = None
-    error: BaseException | None = None
-    seconds: float = 0.0
-
-
-def _flat(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
-    out = {}
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flat(value, name + "/"))
-        else:
-            out[name] = np.asarray(value)
-    return out
-
-
-def _unflat(flat: dict[str, np.ndarray], like: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in like.items():
-        name = f"{prefix}{key}"
-        out[key] = _unflat(flat, value, name + "/") if isinstance(value, dict) else flat[name]
-    return out
 
 
 class LSRTrainer:
@@ -118,10 +82,19 @@ class LSRTrainer:
         self.cache = LMScoreCache(self.workdir / cache_name,
                                   f"{getattr(lm_scorer, 'name', cfg.lm)}|{cfg.separator!r}")
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", cfg.keep_checkpoints)
-        self.index: Index | DeviceIndex | None = None
-        self.index_version = 0
-        self.pending: _Refresh | None = None
+        self.refresher = IndexRefresher(self.workdir, cfg, retriever, passages, self.store,
+                                        self.mesh, lambda: host_copy(self.state.params),
+                                        self.pid, self.pcount)
         self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
+
+    @property
+    def index(self) -> Index | DeviceIndex | None:
+        """The index the current step retrieves from."""
+        return self.refresher.index
+
+    @property
+    def index_version(self) -> int:
+        return self.refresher.version
 
     # -- workdir and checkpoints -----------------------------------------------------------
 
@@ -140,9 +113,10 @@ class LSRTrainer:
             write_json_atomic(mine, path)
 
     def _save(self, step: int) -> None:
+        pending = self.refresher.pending
         meta = {"step": step, "index_version": self.index_version,
-                "pending": None if self.pending is None else {
-                    "version": self.pending.version, "start_step": self.pending.start_step},
+                "pending": None if pending is None else {
+                    "version": pending.version, "start_step": pending.start_step},
                 "config_fingerprint": self.cfg.fingerprint()}
         self.checkpoints.save(step, self.state, meta)
 
@@ -155,108 +129,6 @@ class LSRTrainer:
         return step, meta
 
     # -- index versions -----------------------------------------------------------------------
-
-    def _version_dir(self, version: int) -> pathlib.Path:
-        return self.workdir / "index" / f"v{version}"
-
-    def _snapshot(self, version: int) -> dict:
-        from safetensors.numpy import save_file
-
-        d = self._version_dir(version)
-        d.mkdir(parents=True, exist_ok=True)
-        params = host_copy(self.state.params)
-        if self.pid == 0:
-            with atomic_path(d / "params.safetensors") as tmp:
-                save_file(_flat(params), str(tmp))
-        return params
-
-    def _load_snapshot(self, version: int) -> dict:
-        from safetensors.numpy import load_file
-
-        flat = load_file(str(self._version_dir(version) / "params.safetensors"))
-        return _unflat(flat, self.state.params)  # only the nesting is read
-
-    def _build_index(self, version: int, params: dict) -> Index | DeviceIndex:
-        """Index version ``version``: re-embed the corpus with ``params`` (resumably), then a
-        FAISS index saved under the version folder, or (``index_backend="jax"``) the
-        embeddings kept as ``emb.npy`` and placed on the mesh as a sharded array."""
-        out = self._version_dir(version) / "index"
-        suffix = "" if self.pcount == 1 else f".p{self.pid}"
-        emb_path = self._version_dir(version) / f"emb{suffix}.npy"
-        encoder = dict(self.retriever.identity, params_version=version)
-        if params is None and not (out.exists() or emb_path.exists()):
-            raise RuntimeError(f"index version {version} is missing from {self.workdir}; "
-                               "start a new --workdir")
-        done = emb_path.exists() and not emb_path.with_name(
-            emb_path.name + ".progress.json").exists()
-        if self.cfg.index_backend == "jax":
-            # each process embeds only the corpus rows its devices hold
-            rows = corpus_rows(len(self.passages), self.mesh)
-            if not done:
-                self.retriever.encode_to_file(
-                    [corpus_text(p) for p in self.passages[rows]], emb_path, params=params,
-                    progress=False)
-            return DeviceIndex(np.load(emb_path), self.store, self.mesh, local=True,
-                               dtype=jnp.dtype(self.cfg.index_dtype), encoder=encoder)
-        try:
-            return Index.load(out)
-        except ValueError:
-            pass
-        emb = self.retriever.encode_to_file(
-            [corpus_text(p) for p in self.passages], emb_path, params=params, progress=False)
-        index = Index.build(np.asarray(emb), self.store, factory=self.cfg.index_factory,
-                            encoder=encoder)
-        if self.pid == 0:  # every process holds the same index; one writes it
-            index.save(out)
-        emb_path.unlink(missing_ok=True)
-        return index
-
-    def _start_refresh(self, version: int, start_step: int, params: dict | None = None) -> None:
-        params = self._snapshot(version) if params is None else params
-        job = _Refresh(version, start_step)
-
-        def run():
-            t0 = time.perf_counter()
-            try:
-                job.index = self._build_index(version, params)
-            except BaseException as err:  # surfaced at the swap
-                job.error = err
-            job.seconds = time.perf_counter() - t0
-
-        if self.cfg.lag == 0:
-            run()
-        else:
-            job.thread = threading.Thread(target=run, name=f"index-refresh-v{version}",
-                                          daemon=True)
-            job.thread.start()
-        self.pending = job
-
-    def _finish_refresh(self) -> float:
-        job = self.pending
-        t0 = time.perf_counter()
-        if job.thread is not None:
-            job.thread.join()
-        waited = time.perf_counter() - t0
-        if job.error is not None:
-            raise RuntimeError(f"index refresh v{job.version} failed") from job.error
-        self.index, self.index_version, self.pending = job.index, job.version, None
-        old = self._version_dir(job.version - 2)
-        if old.exists():  # keep the current and previous versions only
-            shutil.rmtree(old, ignore_errors=True)
-        return waited
-
-    def _maybe_refresh(self, step: int) -> float:
-        cfg = self.cfg
-        waited = 0.0
-        if self.pending is not None and step >= self.pending.start_step + cfg.lag:
-            waited = self._finish_refresh()
-        if step > 0 and step % cfg.refresh_every == 0 and self.pending is None:
-            t0 = time.perf_counter()
-            self._start_refresh(self.index_version + 1, step)
-            if cfg.lag == 0:
-                self._finish_refresh()
-            waited += time.perf_counter() - t0 if cfg.lag == 0 else 0.0
-        return waited
 
     # -- batches --------------------------------------------------------------------------------
 
@@ -341,17 +213,17 @@ class LSRTrainer:
 
         cfg = self.cfg
         start, meta = self.restore()
+        refresher = self.refresher
         if meta is None:
-            self.index_version = 0
-            self._snapshot(0)
-            self.index = self._build_index(0, host_copy(self.state.params))
+            refresher.version = 0
+            refresher.index = refresher.build(0, refresher.snapshot(0))
         else:
-            self.index_version = meta["index_version"]
-            self.index = self._build_index(self.index_version, None)  # loads what is saved
+            refresher.version = meta["index_version"]
+            refresher.index = refresher.build(refresher.version, None)  # loads what is saved
             if meta.get("pending"):
                 p = meta["pending"]
-                self._start_refresh(p["version"], p["start_step"],
-                                    self._load_snapshot(p["version"]))
+                refresher.start(p["version"], p["start_step"],
+                                refresher.load_snapshot(p["version"], self.state.params))
         if self.dev and "initial" not in self._dev_metrics():
             # The untrained retriever on dev, once per work directory (the model card's baseline).
             self._write_once({"initial": self.evaluate(self.dev)} if start == 0 else
@@ -376,7 +248,7 @@ class LSRTrainer:
         with open(log_path if self.pid == 0 else os.devnull, "a") as log:
             for step in bar:
                 t0 = time.perf_counter()
-                refresh_wait = self._maybe_refresh(step)
+                refresh_wait = self.refresher.step(step)
                 self.versions_used[step] = self.index_version
                 batch, info = self._batch(step)
                 self.state, metrics = self.train_step(self.state, shard_batch(batch, self.mesh))
