@@ -56,11 +56,11 @@ def child(argv: list[str]) -> None:
     if step == "build":
         from replug_jax.cli import main as cli
 
-        factory, nprobe = argv[3], argv[4]
+        factory, nprobe, rerank = argv[3], argv[4], argv[5]
         t0 = time.perf_counter()
         code = cli(["index", "build", "--corpus", str(data / "passages.arrow"), "--embeddings",
                     str(data / "emb.npy"), "--factory", factory, "--nprobe", nprobe,
-                    "--out", str(idx), "--json"])
+                    "--rerank", rerank, "--out", str(idx), "--json"])
         assert code == 0
         out = {"build_s": time.perf_counter() - t0, "build_peak_rss_mib": peak_mib()}
     elif step == "search":
@@ -140,6 +140,10 @@ def main(argv=None) -> None:
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/replug_datastore"),
                     help="scratch folder (datastores are kept there for reruns)")
     ap.add_argument("--keep", action="store_true", help="keep the built indexes")
+    ap.add_argument("--rerank", type=int, default=0, metavar="F",
+                    help="build PQ indexes with exact re-ranking of F x k candidates from "
+                    "float16 vectors on disk (default 0: off)")
+    ap.add_argument("--name", default="datastore", help="results file name")
     ap.add_argument("--store-only", action="store_true",
                     help="only the passage store's random-access latency and RSS "
                     "(datastore_store.{json,md})")
@@ -171,25 +175,29 @@ def main(argv=None) -> None:
             write_datastore(data, n)
             print(f"generated N={n} in {time.perf_counter() - t0:.0f} s", flush=True)
         nlist = 1 << int(round(np.log2(2 * np.sqrt(n))))
-        exact = None
+        truth = data / f"exact_top10_q{QUERIES}.npy"  # from a Flat run, kept for later runs
+        exact = np.load(truth) if truth.exists() else None
         for template in args.factories:
             factory = template.format(nlist=nlist)
             idx = data / ("idx-" + factory.replace(",", "_"))
             shutil.rmtree(idx, ignore_errors=True)
             nprobes = args.nprobe if "IVF" in factory else [0]
-            r = {"n": n, "factory": factory}
-            r |= run_child("build", str(data), str(idx), factory, str(nprobes[0] or 16))
+            rerank = args.rerank if "PQ" in factory else 0
+            r = {"n": n, "factory": factory + (f" + rerank {rerank}x" if rerank else "")}
+            r |= run_child("build", str(data), str(idx), factory, str(nprobes[0] or 16),
+                           str(rerank))
             r["disk_mib"] = dir_bytes(idx) / 2**20
             r |= run_child("search", str(data), str(idx), ",".join(map(str, nprobes)))
             for nprobe in nprobes:
                 ids = np.load(idx.with_suffix(f".ids{nprobe}.npy"))
                 if factory == "Flat":
                     exact = ids
+                    np.save(truth, ids)
                 m = r["by_nprobe"][str(nprobe)]
                 if exact is not None:
                     m["recall_at_10"] = float(np.mean([len(set(a) & set(b)) / 10
                                                        for a, b in zip(ids, exact)]))
-                rows.append((f"{n:,}", factory, nprobe or "", f"{r['build_s']:.0f} s",
+                rows.append((f"{n:,}", r["factory"], nprobe or "", f"{r['build_s']:.0f} s",
                              f"{r['build_peak_rss_mib']:.0f}", f"{r['disk_mib']:.0f}",
                              f"{r['load_s']:.2f} s", f"{r['rss_after_load_mib']:.0f}",
                              f"{r['search_peak_rss_mib']:.0f}", f"{m['qps']:.0f}",
@@ -202,7 +210,7 @@ def main(argv=None) -> None:
                 shutil.rmtree(idx, ignore_errors=True)
             print(json.dumps(r), flush=True)
             results.append(r)
-    write("datastore", {"queries": QUERIES, "batch": BATCH, "k": K, "results": results}, rows,
+    write(args.name, {"queries": QUERIES, "batch": BATCH, "k": K, "results": results}, rows,
           ("N", "factory", "nprobe", "build", "build peak RSS MiB", "disk MiB", "load",
            "RSS after load MiB", "search peak RSS MiB", "QPS (batch 64, k 20)",
            "recall@10 vs exact"))

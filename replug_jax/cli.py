@@ -91,6 +91,7 @@ def _cmd_index_build(args) -> int:
     index = build_index(passages, retriever, args.out, factory=args.factory, nprobe=args.nprobe,
                         embeddings=args.embeddings, num_shards=args.shards,
                         embed_shard_rows=args.embed_shard_rows, train_size=args.train_size,
+                        rerank=args.rerank,
                         progress=not args.json,
                         extra={"corpus": str(args.corpus), "chunk_unit": args.chunk_unit,
                                "chunk_size": args.chunk_size, "overlap": args.overlap})
@@ -433,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--embed-shard-rows", type=int, default=65536,
                    help="passages per embedding shard: the unit of resumption and of work "
                    "split between processes (default 65536)")
+    b.add_argument("--rerank", type=int, default=0, metavar="F",
+                   help="keep the vectors on disk (float16) and re-rank F x k candidates of an "
+                   "approximate index (IVF-PQ) by exact inner product (default 0: off)")
     b.add_argument("--train-size", type=int, default=None,
                    help="vectors sampled to train IVF/PQ (default: 64 per IVF list, at least "
                    "16384)")
@@ -592,6 +596,7 @@ def check_args(args) -> None:
     positive("shards", "--shards")
     positive("embed_shard_rows", "--embed-shard-rows")
     positive("train_size", "--train-size")
+    positive("rerank", "--rerank", strict=False)
     positive("max_steps", "--max-steps")
     positive("max_new_tokens", "--max-new-tokens", strict=False)
     positive("temperature_sample", "--temperature-sample", strict=False)

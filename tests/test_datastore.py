@@ -298,3 +298,28 @@ def test_jax_sharded_topk_equals_faiss_exact():
     corpus16, _ = shard_corpus(emb, mesh)
     _, rows16 = sharded_topk(queries, corpus16, 1, n, mesh)
     assert (np.asarray(rows16)[:, 0] == faiss_res.ids[:, 0]).mean() >= 0.9
+
+
+def test_ivf_pq_with_exact_reranking_from_disk_matches_exact_search(tmp_path):
+    emb = clustered(4000, d=32)
+    np.save(tmp_path / "emb.npy", emb)
+    q = clustered(50, d=32, seed=3)
+    exact = Index.build(emb, _passages(4000)).search(q, 10)
+    plain = build_index(_passages(4000), None, tmp_path / "pq", embeddings=tmp_path / "emb.npy",
+                        factory="IVF16,PQ4", nprobe=16, train_size=2000, progress=False)
+    reranked = build_index(_passages(4000), None, tmp_path / "rr",
+                           embeddings=tmp_path / "emb.npy", factory="IVF16,PQ4", nprobe=16,
+                           train_size=2000, rerank=8, num_shards=2, progress=False)
+
+    def recall(res):
+        return np.mean([len(set(a) & set(b)) / 10 for a, b in zip(res.ids, exact.ids)])
+
+    got = reranked.search(q, 10)
+    assert recall(got) > recall(plain.search(q, 10)) and recall(got) >= 0.95
+    # re-ranked scores are the exact inner products (float16 storage: 1e-2)
+    np.testing.assert_allclose(got.scores, np.einsum("bd,bkd->bk", q, emb[got.ids]), atol=1e-2)
+    assert "shard-00001/vectors.npy" in reranked.manifest["files"]
+    again = Index.load(tmp_path / "rr")
+    np.testing.assert_array_equal(again.search(q, 10).ids, got.ids)
+    saved = again.save(tmp_path / "copy")
+    np.testing.assert_array_equal(Index.load(saved).search(q, 10).ids, got.ids)

@@ -423,6 +423,7 @@ class Index:
         if total != len(store):
             raise IndexLoadError(f"{total} vectors for {len(store)} passages")
         self._search = [(_gpu_clone(ix, gpu), lo) for ix, lo in shards]
+        self._vectors: list[NpyRows | None] = [None] * len(shards)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -470,9 +471,12 @@ class Index:
         b = q.shape[0]
         excl = per_query_exclusions(exclude_ids, b)
         fetch = k + max((len(e) for e in excl), default=0)
+        factor = self.manifest.get("rerank_factor") or 1
         scores, rows = [], []
-        for ix, lo in self._search:
-            s, r = ix.search(q, min(fetch, int(ix.ntotal)))
+        for (ix, lo), vectors in zip(self._search, self._vectors):
+            s, r = ix.search(q, min(fetch * factor, int(ix.ntotal)))
+            if vectors is not None:  # exact inner products of the candidates, from disk
+                s = _exact_scores(q, vectors, r)
             scores.append(np.where(r >= 0, s, -np.inf).astype(np.float32))
             rows.append(np.where(r >= 0, r + lo, -1))
         scores_all, rows_all = np.concatenate(scores, 1), np.concatenate(rows, 1)
@@ -506,6 +510,9 @@ class Index:
         self.store.write(tmp / STORE)
         for (ix, lo), spec in zip(self.shards, self.manifest["shards"]):
             _write_shard(tmp / spec["dir"], ix, spec["lo"], spec["hi"], self.manifest)
+        for spec, vectors in zip(self.manifest["shards"], self._vectors):
+            if vectors is not None:  # the re-ranking vectors travel with the index
+                shutil.copyfile(vectors.path, tmp / spec["dir"] / "vectors.npy")
         _finish(tmp, self.manifest)
         replace_dir(tmp, out)
         return out
@@ -590,7 +597,12 @@ class Index:
             shards.append((ix, spec["lo"]))
         if store.checksum != manifest["corpus_checksum"]:
             raise IndexLoadError(f"{d / STORE}: passages of another corpus than the manifest's")
-        return cls(shards, store, manifest, gpu=gpu)
+        index = cls(shards, store, manifest, gpu=gpu)
+        if manifest.get("rerank_factor"):
+            index._vectors = [NpyRows(d / spec["dir"] / "vectors.npy",
+                                      n=spec["hi"] - spec["lo"], dim=manifest["dim"])
+                              for spec in manifest["shards"]]
+        return index
 
 
 def _assemble(store: PassageStore, scores_BF: np.ndarray, rows_BF: np.ndarray,
@@ -662,14 +674,40 @@ def _check_shard(sd: pathlib.Path, info: dict, spec: dict, manifest: dict) -> No
                                  f"this index needs {value!r}); rebuild it")
 
 
-def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict) -> None:
-    """Write one FAISS shard atomically (temporary folder, then rename)."""
+def _exact_scores(q_BD: np.ndarray, vectors: "NpyRows", rows_BF: np.ndarray) -> np.ndarray:
+    """Inner products of each query with its candidate rows, read from ``vectors``."""
+    flat = np.unique(rows_BF[rows_BF >= 0])
+    if not len(flat):
+        return np.full(rows_BF.shape, -np.inf, np.float32)
+    cand_CD = vectors.take(flat).astype(np.float32)
+    pos_BF = np.searchsorted(flat, np.maximum(rows_BF, 0))
+    return np.einsum("bd,bfd->bf", q_BD, cand_CD[pos_BF])
+
+
+def _write_vectors(path: pathlib.Path, source: "EmbeddingSource", lo: int, hi: int,
+                   batch: int = 65536) -> None:
+    """Rows ``lo..hi-1`` of ``source`` as a float16 ``.npy`` for exact re-ranking."""
+    with atomic_path(path, suffix=".npy") as tmp:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16,
+                                        shape=(hi - lo, source.dim))
+        for a in range(lo, hi, batch):
+            out[a - lo:min(hi, a + batch) - lo] = source.rows(a, min(hi, a + batch))
+        out.flush()
+        del out
+
+
+def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict,
+                 source: "EmbeddingSource | None" = None) -> None:
+    """Write one FAISS shard atomically (temporary folder, then rename), with its float16
+    vectors when the index re-ranks."""
     import faiss
 
     tmp = sd.with_name(sd.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     faiss.write_index(faiss_index, str(tmp / "index.faiss"))
+    if manifest.get("rerank_factor") and source is not None:
+        _write_vectors(tmp / "vectors.npy", source, lo, hi)
     write_json_atomic({**_shard_key(manifest), "lo": lo, "hi": hi,
                        "ntotal": int(faiss_index.ntotal)}, tmp / "shard.json")
     replace_dir(tmp, sd)
@@ -677,8 +715,10 @@ def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict
 
 def _finish(d: pathlib.Path, manifest: dict) -> None:
     """Write the manifest with the table of every file's size, mtime and SHA-256."""
+    per_shard = ("index.faiss", "shard.json") + (("vectors.npy",) if manifest.get(
+        "rerank_factor") else ())
     names = ["passages.arrow", "passages.json"] + [
-        f"{s['dir']}/{f}" for s in manifest["shards"] for f in ("index.faiss", "shard.json")]
+        f"{s['dir']}/{f}" for s in manifest["shards"] for f in per_shard]
     files = {}
     for name in names:
         st = (d / name).stat()
@@ -756,7 +796,7 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
                 retriever, out_dir: str | pathlib.Path, *, factory: str = "Flat",
                 nprobe: int = 16, embeddings: str | pathlib.Path | None = None,
                 num_shards: int = 1, embed_shard_rows: int = 65536,
-                train_size: int | None = None, progress: bool = True,
+                train_size: int | None = None, rerank: int = 0, progress: bool = True,
                 extra: dict | None = None, on_shard: Callable[[int], None] | None = None,
                 gpu: str = "auto") -> Index:
     """Build an index directory at ``out_dir``, resumably, on one or many processes.
@@ -768,6 +808,10 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
     built by process ``s mod P``. Process 0 then writes the manifest and renames the folder;
     only a finished build appears at ``out_dir``. Multi-host builds need ``out_dir`` on a
     shared filesystem and :func:`jax.distributed.initialize` first.
+
+    ``rerank=F`` keeps every shard's vectors on disk in float16 (N·D·2 bytes, read only for
+    candidates) and re-ranks the ``F·k`` candidates of an approximate index (IVF-PQ) by their
+    exact inner products: the recall of exact search for a few more bytes read per query.
     """
     if retriever is None and embeddings is None:
         raise ValueError("need a retriever to embed the passages, or --embeddings")
@@ -810,6 +854,7 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
                 "shards": [{"dir": f"shard-{s:05d}", "lo": int(bounds[s]),
                             "hi": int(bounds[s + 1])} for s in range(num_shards)],
                 "truncated_passages": getattr(retriever, "truncated", 0) - before,
+                **({"rerank_factor": int(rerank)} if rerank else {}),
                 **({"embeddings": str(embeddings)} if embeddings is not None else {}),
                 **(extra or {})}
     for s in range(pid, num_shards, pcount):
@@ -823,7 +868,7 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
                 pass
         ix = build_faiss(source, spec["lo"], spec["hi"], factory, nprobe=nprobe,
                          train_size=train_size, seed=s, progress=progress)
-        _write_shard(sd, ix, spec["lo"], spec["hi"], manifest)
+        _write_shard(sd, ix, spec["lo"], spec["hi"], manifest, source)
         del ix  # one shard in memory at a time
         if on_shard is not None:
             on_shard(s)
