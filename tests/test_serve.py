@@ -185,6 +185,16 @@ def fuzz_server(lm):
 
 
 @pytest.mark.models
+@pytest.mark.parametrize("body", [{"temperature": float("nan")}, {"prompt": "a", "top_p": "x"},
+                                  [1, 2], "text", {"prompt": None}])
+def test_known_hostile_bodies_are_4xx(fuzz_server, body):
+    """Found by the fuzzer: a NaN in an invalid body made the default 422 handler fail (500)."""
+    r = httpx.post(f"{fuzz_server.url}/v1/completions", content=json.dumps(body).encode(),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert 400 <= r.status_code < 500 and "error" in r.json(), r.text
+
+
+@pytest.mark.models
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=_bodies)
 def test_fuzzed_bodies_never_give_a_500_or_kill_the_server(fuzz_server, body):

@@ -348,6 +348,13 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
         return responses.JSONResponse({"error": {"message": str(err), "code": err.status}},
                                       status_code=err.status, headers=err.headers)
 
+    @app.exception_handler(fastapi.exceptions.RequestValidationError)
+    def invalid(request, err):
+        # Not FastAPI's default, which echoes the input back: a NaN in it cannot be JSON.
+        problems = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}"
+                             for e in err.errors())
+        return refused(request, RequestError(422, f"invalid request: {problems}"))
+
     @app.middleware("http")
     async def body_limit(request, call_next):
         # Content-Length is required and checked before the body is read; the HTTP layer then
