@@ -323,3 +323,17 @@ def test_ivf_pq_with_exact_reranking_from_disk_matches_exact_search(tmp_path):
     np.testing.assert_array_equal(again.search(q, 10).ids, got.ids)
     saved = again.save(tmp_path / "copy")
     np.testing.assert_array_equal(Index.load(saved).search(q, 10).ids, got.ids)
+
+
+def test_encoding_data_parallel_over_devices_equals_one_device():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    from replug_jax.retrieval.encoder import Retriever
+    from tests._models import tiny_retriever
+
+    one = tiny_retriever(0)
+    many = Retriever(one.model, max_length=64, batch_size=6, devices=jax.local_devices())
+    assert many.mesh.devices.size == 8 and many.batch_size == 8  # rounded to the devices
+    texts = [f"text number {i} " * (i % 5 + 1) for i in range(23)]
+    np.testing.assert_allclose(many.encode(texts), one.encode(texts), atol=1e-5)
+    np.testing.assert_allclose(many.encode(texts), one.encode(texts), atol=1e-5)  # reused

@@ -77,6 +77,7 @@ class Retriever:
         longest = max(self.max_length, self.query_max_length)
         self.buckets = tuple(b for b in BUCKETS if b < longest) + (longest,)
         self.truncated = 0  # texts cut to max_length since creation
+        self._replicated = None  # the loaded weights on every device of the mesh
         graphdef, template, self.params = split_params(model.encoder)
         self.normalize = normalize = embeds_normalized(similarity, model.normalize)
         pooling = model.pooling
@@ -147,8 +148,13 @@ class Retriever:
         if self.mesh is not None:
             rows_sharding = jax.sharding.NamedSharding(self.mesh,
                                                        jax.sharding.PartitionSpec("data"))
-            state = jax.device_put(state, jax.sharding.NamedSharding(
-                self.mesh, jax.sharding.PartitionSpec()))
+            everywhere = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+            if params is None:  # the loaded weights are replicated once, then reused
+                if self._replicated is None:
+                    self._replicated = jax.device_put(state, everywhere)
+                state = self._replicated
+            else:
+                state = jax.device_put(state, everywhere)
         out = np.zeros((len(ids), self.dim), np.float32)
         order = np.argsort([len(s) for s in ids], kind="stable")
         pad = self.model.config.pad_token_id
