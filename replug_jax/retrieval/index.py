@@ -7,6 +7,7 @@ An index directory::
     passages.arrow/.json     the passage store (memory-mapped, see retrieval/store.py)
     shard-00000/index.faiss  FAISS index of rows lo..hi-1 (labels are rows - lo)
     shard-00000/shard.json   its range, encoder and corpus, so a stray shard is refused
+    shard-00000/vectors.npy  with --rerank: float16 vectors to re-score candidates exactly
 
 Every FAISS shard covers a contiguous range of store rows and is built, trained and saved on
 its own (on any host); a search queries every shard and merges their top-k exactly. FAISS is
