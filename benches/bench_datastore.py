@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import pathlib
-import resource
 import shutil
 import subprocess
 import sys
@@ -43,7 +42,9 @@ def rss_mib(field: str = "VmRSS") -> float:
 
 
 def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident memory (VmHWM: unlike ``ru_maxrss``, it is not inherited
+    from the parent across fork and exec)."""
+    return rss_mib("VmHWM")
 
 
 def dir_bytes(path: pathlib.Path) -> int:

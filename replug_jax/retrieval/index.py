@@ -688,13 +688,12 @@ def _exact_scores(q_BD: np.ndarray, vectors: "NpyRows", rows_BF: np.ndarray) -> 
 def _write_vectors(path: pathlib.Path, source: "EmbeddingSource", lo: int, hi: int,
                    batch: int = 65536) -> None:
     """Rows ``lo..hi-1`` of ``source`` as a float16 ``.npy`` for exact re-ranking."""
-    with atomic_path(path, suffix=".npy") as tmp:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16,
-                                        shape=(hi - lo, source.dim))
+    with atomic_path(path, suffix=".npy") as tmp, open(tmp, "wb") as f:
+        # streamed with write(), not a memory map: written pages never count as ours
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(
+            np.dtype(np.float16)), "fortran_order": False, "shape": (hi - lo, source.dim)})
         for a in range(lo, hi, batch):
-            out[a - lo:min(hi, a + batch) - lo] = source.rows(a, min(hi, a + batch))
-        out.flush()
-        del out
+            f.write(source.rows(a, min(hi, a + batch)).astype(np.float16).tobytes())
 
 
 def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict,
