@@ -248,8 +248,8 @@ def _cmd_ask(args) -> int:
     return 0
 
 
-# Docstring snippets are short: 64-word passages and a 256-token encoder limit (7 of 1689
-# passages are cut) encode the demo corpus in well under a minute on 2 CPU cores.
+# Docstring snippets are short: 64-word passages and a 256-token encoder limit (5 of 1251
+# passages are cut) encode the demo corpus in about half a minute on 2 CPU cores.
 DEMO_PASSAGE_WORDS = 64
 DEMO_MAX_LENGTH = 256
 DEMO_QUESTIONS = (
