@@ -121,6 +121,7 @@ def validate(req, lm: "FlaxLM", limits: ServeLimits) -> list[str]:
 class _Job:
     req: Any
     prompts: list[str]
+    encoded: list[tuple[list[int], list[str], list[int]]]  # each prompt's ids, strings, offsets
     key: tuple  # requests with equal keys can share one decode
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     result: Any = None
@@ -151,8 +152,8 @@ class Batcher:
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         return ("greedy", req.max_tokens, stop)
 
-    def submit(self, req, prompts: list[str]) -> dict:
-        job = _Job(req, prompts, self.key(req))
+    def submit(self, req, prompts: list[str], encoded: list) -> dict:
+        job = _Job(req, prompts, encoded, self.key(req))
         try:
             self.queue.put_nowait(job)
         except queue.Full:
@@ -280,7 +281,7 @@ def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
     choices: dict[tuple[int, int], dict] = {}
     for j, i, prompt in flat:
         req = jobs[j].req
-        ids, strings, offsets = _tokens_with_offsets(lm, prompt)
+        ids, strings, offsets = jobs[j].encoded[i]
         gen_ids, text, finish = gen.get((j, i), ([], "", "length"))
         choices[j, i] = {"index": i, "text": (prompt if req.echo else "") + text,
                          "finish_reason": finish, "logprobs": None,
@@ -384,12 +385,12 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     def completions(req: CompletionRequest) -> dict[str, Any]:
         prompts = validate(req, lm, limits)
-        for prompt in prompts:
-            n = len(_tokens_with_offsets(lm, prompt)[0])
-            if len(lm.bos) + n + req.max_tokens > lm.max_context:
-                raise RequestError(400, f"prompt of {n} tokens plus max_tokens exceeds the "
-                                   f"context of {lm.max_context}")
-        result = batcher.submit(req, prompts)
+        encoded = [_tokens_with_offsets(lm, prompt) for prompt in prompts]  # once per prompt
+        for ids, _, _ in encoded:
+            if len(lm.bos) + len(ids) + req.max_tokens > lm.max_context:
+                raise RequestError(400, f"prompt of {len(ids)} tokens plus max_tokens exceeds "
+                                   f"the context of {lm.max_context}")
+        result = batcher.submit(req, prompts, encoded)
         return {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
                 "created": int(time.time()), "model": name, **result}
 

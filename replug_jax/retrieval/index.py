@@ -40,6 +40,7 @@ import numpy as np
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.fileio import atomic_path, replace_dir, write_json_atomic
 from replug_jax.retrieval.store import PassageStore
+from replug_jax.sharding import host_copy, replicate
 
 INDEX_VERSION = 2
 SMALL_FILE_BYTES = 64 << 20  # always hashed on load
@@ -146,8 +147,6 @@ def sharded_topk(queries_BD, corpus_ND: jax.Array, k: int, n_valid: int,
     device over the whole corpus (what Atlas does with PyTorch, here one jitted function).
     Returns ``(scores [B, k] f32, rows [B, k] int32)``, replicated.
     """
-    from replug_jax.sharding import replicate
-
     fn = _sharded_topk_fn(mesh, axis, min(k, n_valid), n_valid,
                           corpus_ND.shape[0] // mesh.shape[axis], block)
     return fn(replicate(np.asarray(queries_BD, np.float32), mesh), corpus_ND)
@@ -201,15 +200,9 @@ class DeviceIndex:
         return self.store
 
     def search(self, queries_BD, k: int, exclude_ids=None) -> SearchResult:
-        q = np.asarray(queries_BD, np.float32)
-        if q.ndim != 2 or q.shape[1] != self.manifest["dim"]:
-            raise ValueError(f"queries must be [B, {self.manifest['dim']}], got {q.shape}")
-        if k <= 0:
-            raise ValueError(f"k must be positive, got {k}")
+        q = _checked_queries(queries_BD, self.manifest["dim"], k)
         excl = per_query_exclusions(exclude_ids, q.shape[0])
         fetch = min(self.n, k + max((len(e) for e in excl), default=0))
-        from replug_jax.sharding import host_copy
-
         scores, rows = host_copy(sharded_topk(q, self.array, fetch, self.n, self.mesh,
                                               axis=self.axis))
         return _assemble(self.store, scores.astype(np.float32), rows.astype(np.int64), excl, k)
@@ -217,6 +210,27 @@ class DeviceIndex:
     def reconstruct_all(self) -> np.ndarray:
         """The stored vectors (this process's single-process view: tests and small runs)."""
         return np.asarray(self.array, np.float32)[:self.n]
+
+
+def _checked_queries(queries_BD, dim: int, k: int) -> np.ndarray:
+    """``[B, dim]`` float32 queries for a top-``k`` search, or a ``ValueError``."""
+    q = np.ascontiguousarray(np.asarray(queries_BD, np.float32))
+    if q.ndim != 2 or q.shape[1] != dim:
+        raise ValueError(f"queries must be [B, {dim}], got {q.shape}")
+    if k <= 0:
+        raise ValueError(f"k must be positive, got {k}")
+    return q
+
+
+def _set_nprobe(index, nprobe: int) -> bool:
+    """Set the IVF lists searched per query; False for an index without inverted lists."""
+    import faiss
+
+    try:
+        faiss.extract_index_ivf(index).nprobe = nprobe
+    except RuntimeError:
+        return False
+    return True
 
 
 def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:
@@ -360,10 +374,7 @@ def build_faiss(source: EmbeddingSource, lo: int, hi: int, factory: str = "Flat"
         size = train_size or train_size_for(base, n)
         rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
         base.train(source.take(rows + lo))
-    try:
-        faiss.extract_index_ivf(base).nprobe = nprobe
-    except RuntimeError:
-        pass
+    _set_nprobe(base, nprobe)
     bar = tqdm(total=n, desc=f"adding to {factory}", unit="vector", mininterval=0.5,
                disable=not progress or n <= add_batch)
     flat = faiss.downcast_index(base)
@@ -464,11 +475,7 @@ class Index:
         ``exclude_ids`` (the leakage filter): one collection for all queries or one per query.
         When fewer than ``k`` passages are available, the missing slots have id -1 and a
         warning says so."""
-        q = np.ascontiguousarray(np.asarray(queries_BD, np.float32))
-        if q.ndim != 2 or q.shape[1] != self.manifest["dim"]:
-            raise ValueError(f"queries must be [B, {self.manifest['dim']}], got {q.shape}")
-        if k <= 0:
-            raise ValueError(f"k must be positive, got {k}")
+        q = _checked_queries(queries_BD, self.manifest["dim"], k)
         b = q.shape[0]
         excl = per_query_exclusions(exclude_ids, b)
         fetch = k + max((len(e) for e in excl), default=0)
@@ -489,14 +496,8 @@ class Index:
     def set_nprobe(self, nprobe: int) -> None:
         """IVF lists searched per query from now on (recall against speed); no-op for
         indexes without inverted lists."""
-        import faiss
-
-        for ix, _ in self._search:
-            try:
-                faiss.extract_index_ivf(ix).nprobe = nprobe
-            except RuntimeError:
-                return
-        self.manifest["nprobe"] = nprobe
+        if all([_set_nprobe(ix, nprobe) for ix, _ in self._search]):
+            self.manifest["nprobe"] = nprobe
 
     def reconstruct_all(self) -> np.ndarray:
         """``[N, D]`` stored vectors in passage order (exact for Flat indexes)."""

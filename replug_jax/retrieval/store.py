@@ -36,6 +36,26 @@ def _batch(rows: list[Passage]) -> pa.RecordBatch:
                             for f in _FIELDS], schema=SCHEMA)
 
 
+class _Tally:
+    """What the sidecar records about passages seen one at a time: their count, checksum and
+    whether the ids run ``first, first+1, ...``."""
+
+    def __init__(self):
+        self.hasher, self.n, self.first, self.contiguous = PassageHasher(), 0, None, True
+
+    def add(self, p: Passage) -> None:
+        if self.first is None:
+            self.first = p.id
+        self.contiguous = self.contiguous and p.id == self.first + self.n
+        self.hasher.update(p)
+        self.n += 1
+
+    def meta(self, batch_rows: int) -> dict:
+        return {"format": STORE_FORMAT, "n": self.n, "batch_rows": batch_rows,
+                "checksum": self.hasher.hexdigest(),
+                "contiguous_from": self.first if self.contiguous else None}
+
+
 def write_store(passages: Iterable[Passage], path: str | pathlib.Path, *,
                 batch_rows: int = 65536, progress: bool = False) -> dict:
     """Stream ``passages`` into ``path`` (``.arrow``) and its ``.json`` sidecar; returns the
@@ -46,18 +66,13 @@ def write_store(passages: Iterable[Passage], path: str | pathlib.Path, *,
         raise ValueError(f"batch_rows must be positive, got {batch_rows}")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    hasher = PassageHasher()
-    n, first, contiguous, rows = 0, None, True, []
+    tally, rows = _Tally(), []
     bar = tqdm(desc="passages", unit="passage", disable=not progress, mininterval=0.5)
     with atomic_path(path) as tmp:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
             for p in passages:
-                if first is None:
-                    first = p.id
-                contiguous = contiguous and p.id == first + n
-                hasher.update(p)
+                tally.add(p)
                 rows.append(p)
-                n += 1
                 if len(rows) == batch_rows:
                     writer.write_batch(_batch(rows))
                     bar.update(len(rows))
@@ -66,10 +81,9 @@ def write_store(passages: Iterable[Passage], path: str | pathlib.Path, *,
                 writer.write_batch(_batch(rows))
                 bar.update(len(rows))
         bar.close()
-        if n == 0:
+        if tally.n == 0:
             raise CorpusError(f"{path}: no passages to store (empty corpus?)")
-    meta = {"format": STORE_FORMAT, "n": n, "batch_rows": batch_rows,
-            "checksum": hasher.hexdigest(), "contiguous_from": first if contiguous else None}
+    meta = tally.meta(batch_rows)
     write_json_atomic(meta, sidecar(path))
     return meta
 
@@ -129,16 +143,12 @@ class PassageStore:
         passages = list(passages)
         if not passages:
             raise CorpusError("no passages (empty corpus)")
-        hasher = PassageHasher()
+        tally = _Tally()
         for p in passages:
-            hasher.update(p)
-        first = passages[0].id
-        contiguous = all(p.id == first + i for i, p in enumerate(passages))
+            tally.add(p)
         batches = [_batch(passages[i:i + batch_rows])
                    for i in range(0, len(passages), batch_rows)]
-        return cls(batches, {"format": STORE_FORMAT, "n": len(passages),
-                             "batch_rows": batch_rows, "checksum": hasher.hexdigest(),
-                             "contiguous_from": first if contiguous else None})
+        return cls(batches, tally.meta(batch_rows))
 
     def write(self, path: str | pathlib.Path) -> dict:
         return write_store(iter(self), path, batch_rows=self.batch_rows)
