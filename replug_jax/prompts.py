@@ -20,3 +20,47 @@ def qa_prompt(question: str, tokenizer=None, *, demonstrations: Sequence[tuple[s
                                              add_generation_prompt=True, tokenize=False)
     shots = "".join(PLAIN_QA.format(question=q) + f" {a}\n\n" for q, a in demonstrations)
     return shots + PLAIN_QA.format(question=question)
+
+
+def document_budget(lm, context: str, separator: str, reserve: int = 0) -> int:
+    """Tokens left for a document in ``doc ∘ separator ∘ context`` when ``reserve`` tokens of
+    output must also fit the LM context (two tokens of margin: a BOS token and the joint)."""
+    if lm.max_context is None:
+        return 1 << 30
+    used = lm.count_tokens(context) + lm.count_tokens(separator) + reserve + 2
+    if used > lm.max_context:
+        raise ValueError(f"the input alone ({used} tokens with the reserve for the output) "
+                         f"exceeds the LM context of {lm.max_context}")
+    return lm.max_context - used
+
+
+def document_prompt(lm, doc: str, context: str, *, separator: str = "\n\n", reserve: int = 0,
+                    budget: int | None = None) -> tuple[str, int]:
+    """One REPLUG branch input ``d ∘ x`` (paper §3.2): ``doc + separator + context``, with the
+    document cut from its end so that the prompt and ``reserve`` continuation tokens fit
+    ``lm.max_context``. Returns ``(prompt, cuts)``: how many times the document was shortened.
+
+    Inference (:class:`~replug_jax.replug.Replug`) and LSR supervision
+    (:func:`~replug_jax.train.supervision.lm_scores`) both build branches here, so the LM scores
+    that train the retriever are the ones REPLUG then mixes. Token counts of separately
+    tokenised pieces can differ from the joint tokenisation at the boundaries, so the joint
+    count is checked and the document shortened until it fits (one token of margin for BOS).
+    """
+    if budget is None:
+        budget = document_budget(lm, context, separator, reserve)
+    if budget <= 0:  # no room at all: the branch is the context alone after the separator
+        return separator + context, 0
+    text = lm.truncate(doc, budget) if lm.max_context is not None else doc
+    cuts = int(text != doc)
+    if lm.max_context is None:
+        return text + separator + context, cuts
+    while True:
+        prompt = text + separator + context
+        over = lm.count_tokens(prompt) + reserve + 1 - lm.max_context
+        if over <= 0 or not text:
+            return prompt, cuts
+        # Strictly decreasing, so this ends even when a cut cannot land inside a character
+        # that the tokenizer splits into several byte tokens.
+        budget = max(min(lm.count_tokens(text) - over, budget - 1), 0)
+        text = lm.truncate(text, budget)
+        cuts += 1

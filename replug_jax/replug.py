@@ -41,6 +41,7 @@ from replug_jax.lm.scorer import (
     require,
     stop_position,
 )
+from replug_jax.prompts import document_budget, document_prompt
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.index import corpus_text, per_query_exclusions
 
@@ -74,6 +75,7 @@ class ScoreResult:
     settings: dict
     cost: dict
     branch_logprobs: np.ndarray | None = None  # [K', T] each branch's own log-probs
+    doc_scores: np.ndarray | None = None  # [K'] retrieval similarities s(d, x) (NaN: none)
 
     def to_json(self) -> dict:
         return {"context": self.context, "continuation": self.continuation,
@@ -167,24 +169,11 @@ class Replug:
         return cut
 
     def _compose(self, doc: str, context: str, budget: int, reserve: int) -> str:
-        """``doc ∘ separator ∘ context`` with ``doc`` cut so the whole fits the LM context.
-
-        Token counts of separately tokenised pieces can differ from the joint tokenisation at
-        the boundaries, so the joint count is checked and the document shortened until it
-        fits (with one token of margin for a BOS token)."""
-        text = self._fit_document(doc, budget)
-        if self.lm.max_context is None:
-            return text + self.separator + context
-        while True:
-            prompt = text + self.separator + context
-            over = self.lm.count_tokens(prompt) + reserve + 1 - self.lm.max_context
-            if over <= 0 or not text:
-                return prompt
-            # Strictly decreasing, so this ends even when a cut cannot land inside a character
-            # that the tokenizer splits into several byte tokens.
-            budget = max(min(self.lm.count_tokens(text) - over, budget - 1), 0)
-            text = self.lm.truncate(text, budget)
-            self.truncated_documents += 1
+        """``doc ∘ separator ∘ context`` fitted to the LM context (:func:`document_prompt`)."""
+        prompt, cuts = document_prompt(self.lm, doc, context, separator=self.separator,
+                                       reserve=reserve, budget=budget)
+        self.truncated_documents += cuts
+        return prompt
 
     @staticmethod
     def _random_passages(store, k: int, excluded: set[int], rng) -> list:
@@ -207,13 +196,7 @@ class Replug:
         return [allowed[int(i)] for i in pick]
 
     def _budget(self, context: str, reserve: int) -> int:
-        if self.lm.max_context is None:
-            return 1 << 30
-        used = self.lm.count_tokens(context) + self.lm.count_tokens(self.separator) + reserve + 2
-        if used > self.lm.max_context:
-            raise ValueError(f"the input alone ({used} tokens with the reserve for the output) "
-                             f"exceeds the LM context of {self.lm.max_context}")
-        return self.lm.max_context - used
+        return document_budget(self.lm, context, self.separator, reserve)
 
     def branches(self, contexts: Sequence[str], queries: Sequence[str] | None = None, *,
                  mode: str | None = None, k: int | None = None, exclude_ids=None,
@@ -314,7 +297,7 @@ class Replug:
                 len(continuations[qi].encode("utf-8")), [p.id for p in g.passages],
                 [p.title for p in g.passages], np.exp(g.log_weights).tolist(), resp_KT,
                 None if plain is None else ll - plain[qi].total if mode != "none" else 0.0,
-                self.settings(mode, k), {}, lp_KT))
+                self.settings(mode, k), {}, lp_KT, g.scores))
         cost = self._cost(before, retrieval_s, t_wall, len(results))
         for r in results:
             r.cost = cost

@@ -221,20 +221,42 @@ def test_evaluate_and_export_round_trip(tmp_path):
     assert isinstance(load_retriever(str(out)).encoder, type(t.retriever.model.encoder))
 
 
-def test_long_documents_are_cut_to_the_lm_context(tmp_path):
-    from replug_jax.retrieval.corpus import Passage
-    from replug_jax.train.supervision import LMScoreCache, fit_document, lm_scores
+def test_supervision_scores_the_prompts_replug_serves(tmp_path, monkeypatch):
+    """Q comes from the branch inputs REPLUG mixes at inference: the same few-shot QA prompt
+    and the same document cut to the same LM context (one builder), long documents included."""
+    from replug_jax.prompts import document_prompt
+    from replug_jax.replug import Replug
+    from replug_jax.retrieval.index import index_in_memory
+    from replug_jax.train.data import qa_examples
+    from replug_jax.train.supervision import LMScoreCache, lm_scores
 
     lm = tiny_lm(0, max_context=64)
     long_doc = Passage(0, " ".join(f"word{i}" for i in range(400)))
-    ex = TRAIN[0]
-    cache = LMScoreCache(tmp_path / "c.sqlite", "tiny")
-    scores, new = lm_scores([ex], np.array([[0]]), {0: long_doc}, lm, cache)
-    assert new == 1 and np.isfinite(scores).all()
-    cut = fit_document(long_doc.text, lm, "\n\n" + ex.context + ex.continuation)
-    assert long_doc.text.startswith(cut) and len(cut) < len(long_doc.text)
-    [ref] = lm.score_continuations([cut + "\n\n" + ex.context], [ex.continuation])
-    assert scores[0, 0] == pytest.approx(float(ref.logprobs.mean()), abs=1e-5)
+    passages = [long_doc, PASSAGES[1]]
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"id": "a", "question": "Where?", "answer": "Here"}) + "\n")
+    shots = [("Who?", "Me")]
+    [ex] = qa_examples(data, shots)
+    seen = []
+    real = lm.score_continuations
+    monkeypatch.setattr(lm, "score_continuations",
+                        lambda prompts, conts: seen.extend(prompts) or real(prompts, conts))
+    scores, new = lm_scores([ex], np.array([[0, 1]]), {p.id: p for p in passages}, lm,
+                            LMScoreCache(tmp_path / "c.sqlite", "tiny"))
+    assert new == 2 and np.isfinite(scores).all()
+    supervised = list(seen)
+    seen.clear()
+    pipe = Replug(lm, tiny_retriever(0), index_in_memory(passages, tiny_retriever(0)), k=2)
+    from replug_jax.prompts import qa_prompt
+    inference = qa_prompt("Where?", demonstrations=shots, chat=False)
+    assert ex.context == inference
+    [r] = pipe.score([inference], [" Here"], ["Where?"], reliance=False)
+    assert sorted(seen) == sorted(supervised)  # identical branch inputs, the long one cut
+    cut, cuts = document_prompt(lm, long_doc.text, ex.context,
+                                reserve=lm.count_tokens(ex.continuation))
+    assert cuts >= 1 and cut in supervised and len(cut) < len(long_doc.text)
+    by_doc = dict(zip(r.doc_ids, r.branch_logprobs.sum(-1) / r.num_tokens))
+    np.testing.assert_allclose(scores[0], [by_doc[0], by_doc[1]], atol=1e-5)
 
 
 def test_remat_gives_the_same_step():

@@ -28,6 +28,11 @@ class LSRConfig:
     query_max_length: int = 128
     doc_max_length: int = 128
     separator: str = "\n\n"
+    # The LM prompt, built as at inference (replug_jax.prompts): qa examples follow these
+    # few-shot {"question","answer"} JSONL demonstrations; every branch d ∘ x is cut to fit
+    # lm_max_context tokens. Match the evaluation's prompt so Q is the distribution REPLUG mixes.
+    qa_demonstrations: str = ""
+    lm_max_context: int = 1024
     # objective (§4)
     k: int = 20
     gamma: float = 0.1
@@ -68,6 +73,7 @@ class LSRConfig:
             (self.learning_rate > 0, "learning_rate must be > 0"),
             (0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)"),
             (self.batch_size > 0, "batch_size must be positive"),
+            (self.lm_max_context > 0, "lm_max_context must be positive"),
             (self.total_steps > 0, "total_steps must be positive"),
             (self.refresh_every > 0, "refresh_every must be positive"),
             (self.checkpoint_every > 0, "checkpoint_every must be positive"),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Sequence
 
 import numpy as np
 
 from replug_jax.fileio import read_jsonl
-from replug_jax.prompts import PLAIN_QA
+from replug_jax.prompts import qa_prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,18 +27,30 @@ class Example:
     gold_doc: int | None = None  # passage id, when known (QA with gold passages)
 
 
-def qa_examples(path: str | pathlib.Path, demonstrations: str = "") -> list[Example]:
-    """``{"id","question","answer","gold_doc"?}`` lines -> examples with x = the question
-    (preceded by optional few-shot ``demonstrations`` text) and y = ``" " + answer``."""
+def qa_examples(path: str | pathlib.Path,
+                demonstrations: Sequence[tuple[str, str]] = ()) -> list[Example]:
+    """``{"id","question","answer","gold_doc"?}`` lines -> examples with query = the question,
+    x = the plain question prompt of :func:`~replug_jax.prompts.qa_prompt` (after the few-shot
+    ``demonstrations``, as at inference) and y = ``" " + answer``."""
     out = []
     for i, row in enumerate(read_jsonl(path)):
         if "question" not in row or "answer" not in row:
             raise ValueError(f"{path}: line {i + 1} needs 'question' and 'answer'")
         out.append(Example(str(row.get("id", i)), row["question"],
-                           demonstrations + PLAIN_QA.format(question=row["question"]),
+                           qa_prompt(row["question"], demonstrations=demonstrations,
+                                     chat=False),
                            " " + str(row["answer"]).strip(),
                            row.get("gold_doc")))
     return out
+
+
+def read_demonstrations(path: str | pathlib.Path) -> list[tuple[str, str]]:
+    """Few-shot ``(question, answer)`` pairs from ``{"question","answer"}`` JSONL lines."""
+    rows = read_jsonl(path)
+    for i, row in enumerate(rows):
+        if "question" not in row or "answer" not in row:
+            raise ValueError(f"{path}: line {i + 1} needs 'question' and 'answer'")
+    return [(r["question"], str(r["answer"]).strip()) for r in rows]
 
 
 def lm_examples(path: str | pathlib.Path, tokenizer, context_tokens: int = 128,

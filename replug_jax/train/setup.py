@@ -7,7 +7,7 @@ import pathlib
 from replug_jax.retrieval.corpus import Passage, chunk_documents, read_documents
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.train.config import LSRConfig
-from replug_jax.train.data import lm_examples, qa_examples
+from replug_jax.train.data import lm_examples, qa_examples, read_demonstrations
 from replug_jax.train.loop import LSRTrainer
 
 
@@ -30,13 +30,15 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
         if cfg.lm_api_base:
             from replug_jax.lm.api_scorer import APIScorer
 
-            lm = APIScorer(cfg.lm_api_base, model=cfg.lm)
+            lm = APIScorer(cfg.lm_api_base, model=cfg.lm, max_context=cfg.lm_max_context)
         else:
             from replug_jax.lm.flax_scorer import FlaxLM
 
-            lm = FlaxLM.load(cfg.lm, max_context=1024)
+            lm = FlaxLM.load(cfg.lm, max_context=cfg.lm_max_context)
     if cfg.task == "qa":
-        train, dev = qa_examples(cfg.data), qa_examples(cfg.dev_data) if cfg.dev_data else []
+        shots = read_demonstrations(cfg.qa_demonstrations) if cfg.qa_demonstrations else []
+        train = qa_examples(cfg.data, shots)
+        dev = qa_examples(cfg.dev_data, shots) if cfg.dev_data else []
     else:
         tok = lm.tokenizer if lm is not None and hasattr(lm, "tokenizer") else \
             retriever.model.tokenizer

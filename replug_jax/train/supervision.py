@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from replug_jax.prompts import document_prompt
 from replug_jax.retrieval.index import corpus_text
 
 
@@ -50,19 +51,6 @@ class LMScoreCache:
         self._db.close()
 
 
-def fit_document(doc: str, scorer, rest: str, margin: int = 4) -> str:
-    """``doc`` cut (from its end) so that ``doc + rest`` fits the scorer's context, when the
-    scorer declares one; ``margin`` tokens cover a BOS token and tokenisation at the joint."""
-    limit = getattr(scorer, "max_context", None)
-    if limit is None or not hasattr(scorer, "truncate"):
-        return doc
-    budget = limit - scorer.count_tokens(rest) - margin
-    if budget <= 0:
-        raise ValueError(f"the example alone ({scorer.count_tokens(rest)} tokens) does not fit "
-                         f"the LM context of {limit}")
-    return scorer.truncate(doc, budget)
-
-
 def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
               cache: LMScoreCache, separator: str = "\n\n", reduction: str = "mean",
               chunk: int = 64) -> tuple[np.ndarray, int]:
@@ -77,9 +65,10 @@ def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
     by_id = {ex.id: ex for ex in examples}
     for start in range(0, len(missing), chunk):  # stored chunk by chunk: a kill loses little
         part = missing[start:start + chunk]
-        prompts = [fit_document(corpus_text(passages_by_id[d]), scorer,
-                                separator + by_id[ex].context + by_id[ex].continuation)
-                   + separator + by_id[ex].context for ex, d in part]
+        prompts = [document_prompt(scorer, corpus_text(passages_by_id[d]), by_id[ex].context,
+                                   separator=separator,
+                                   reserve=scorer.count_tokens(by_id[ex].continuation))[0]
+                   for ex, d in part]
         conts = [by_id[ex].continuation for ex, _ in part]
         scored = scorer.score_continuations(prompts, conts)
         new = {key: (float(s.logprobs.sum()), len(s.logprobs)) for key, s in zip(part, scored)}
