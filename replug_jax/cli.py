@@ -374,8 +374,9 @@ def _add_pipeline_args(p: argparse.ArgumentParser, index_required: bool = False)
     p.add_argument("--lm", default="smollm2",
                    help="LM: packaged name, HF folder, hub id or .gguf (default: smollm2)")
     p.add_argument("-k", type=int, default=10, help="documents per query (paper: 10)")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="temperature τ of λ = softmax(s/τ) (paper: 1)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="temperature τ of λ = softmax(s/τ) (default: the τ fitted for the "
+                        "retriever, recorded in its replug.json, else the paper's 1)")
     p.add_argument("--separator", default="\\n\\n",
                    help="text between a document and the input (default: a blank line)")
     p.add_argument("--baseline", choices=("replug", "none", "concat", "top1", "random"),

@@ -130,16 +130,21 @@ class Replug:
     """Retrieval-augmented black-box LM. ``retriever``/``index`` may be None for mode 'none'."""
 
     def __init__(self, lm, retriever=None, index=None, *, k: int = 10,
-                 temperature: float = 1.0, separator: str = "\n\n", mode: str = "replug",
-                 seed: int = 0, top_n: int = 20):
+                 temperature: float | None = None, separator: str = "\n\n",
+                 mode: str = "replug", seed: int = 0, top_n: int = 20):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
-        if temperature <= 0:
-            raise ValueError(f"the temperature of λ must be > 0, got {temperature}")
         if mode != "none" and (retriever is None or index is None):
             raise ValueError(f"mode {mode!r} needs a retriever and an index")
+        # τ: explicit, else the one fitted for the retriever (replug.json), else the paper's 1.
+        fitted = getattr(retriever, "temperature", None)
+        self.temperature_source = ("argument" if temperature is not None else
+                                   "retriever" if fitted is not None else "default")
+        temperature = temperature if temperature is not None else fitted or 1.0
+        if not temperature > 0:
+            raise ValueError(f"the temperature of λ must be > 0, got {temperature}")
         self.lm, self.retriever, self.index = lm, retriever, index
         self.k, self.temperature, self.separator = k, temperature, separator
         self.mode, self.seed, self.top_n = mode, seed, top_n
@@ -149,6 +154,7 @@ class Replug:
 
     def settings(self, mode: str, k: int) -> dict:
         return {"mode": mode, "k": k, "temperature": self.temperature,
+                "temperature_source": self.temperature_source,
                 "separator": self.separator, "lm": getattr(self.lm, "name", "?"),
                 "retriever": None if self.retriever is None else self.retriever.identity,
                 "index": None if self.index is None else {

@@ -56,7 +56,8 @@ class Retriever:
 
     def __init__(self, model: RetrieverModel, *, similarity: str = "cosine",
                  max_length: int = 512, batch_size: int | None = None, devices=None,
-                 query_max_length: int | None = None, query_truncation: str = "left"):
+                 query_max_length: int | None = None, query_truncation: str = "left",
+                 temperature: float | None = None):
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
         if query_truncation not in ("left", "right"):
@@ -70,6 +71,11 @@ class Retriever:
         self.query_max_length = min(query_max_length or self.max_length,
                                     model.config.max_position)
         self.query_truncation = query_truncation
+        if temperature is not None and not temperature > 0:
+            raise ValueError(f"the inference temperature must be > 0, got {temperature}")
+        # The τ of λ = softmax(s / τ) fitted for this retriever on dev data (replug.json), which
+        # Replug uses unless told otherwise; None: no fitted value, REPLUG's τ = 1 applies.
+        self.temperature = temperature
         self.mesh = _local_mesh(devices)
         n_dev = 1 if self.mesh is None else self.mesh.devices.size
         batch_size = batch_size or default_batch_size()
@@ -92,14 +98,15 @@ class Retriever:
     @classmethod
     def load(cls, source: str = "minilm", **kwargs) -> "Retriever":
         """A retriever from any source; a folder exported from an LSR run brings its
-        ``replug.json`` (similarity and the sequence lengths it was trained with), which
-        ``kwargs`` may still override."""
+        ``replug.json`` (similarity, the sequence lengths it was trained with and, once
+        fitted, its inference temperature), which ``kwargs`` may still override."""
         settings_path = pathlib.Path(source) / "replug.json"
         if settings_path.is_file():
             trained = json.loads(settings_path.read_text())
             kwargs = {"similarity": trained["similarity"],
                       "max_length": trained["doc_max_length"],
-                      "query_max_length": trained["query_max_length"], **kwargs}
+                      "query_max_length": trained["query_max_length"],
+                      "temperature": trained.get("temperature"), **kwargs}
         return cls(load_retriever(source), **kwargs)
 
     @property

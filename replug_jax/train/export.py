@@ -80,3 +80,33 @@ def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir) -> str:
              "Load with `transformers.BertModel.from_pretrained(<this folder>)` (mean-pool the "
              "last layer over non-padding tokens) or `replug_jax.models.load_retriever`."]
     return "\n".join(lines) + "\n"
+
+
+TEMPERATURE_SECTION = "## Inference temperature"
+
+
+def record_temperature(folder: str | pathlib.Path, temperature: float, evidence: dict,
+                       summary: str) -> None:
+    """Store a fitted inference τ with an exported retriever: ``replug.json`` gains
+    ``temperature`` (which :class:`~replug_jax.replug.Replug` then uses by default) and
+    ``temperature_fit`` (``evidence``: data, bounds, dev log-likelihoods), and the model card
+    gains (or has replaced) an "Inference temperature" section holding ``summary``."""
+    from replug_jax.fileio import write_text_atomic
+
+    folder = pathlib.Path(folder)
+    settings_path = folder / "replug.json"
+    if not settings_path.is_file():
+        raise ValueError(f"{folder}: no replug.json, not a retriever exported by replug-jax")
+    if not temperature > 0:
+        raise ValueError(f"the inference temperature must be > 0, got {temperature}")
+    settings = json.loads(settings_path.read_text())
+    settings.update(temperature=float(temperature), temperature_fit=evidence)
+    write_text_atomic(json.dumps(settings, indent=2) + "\n", settings_path)
+    card_path = folder / "MODEL_CARD.md"
+    card = card_path.read_text() if card_path.exists() else "# Retriever\n"
+    if TEMPERATURE_SECTION in card:  # replace the old section, up to the next one
+        head, _, rest = card.partition(TEMPERATURE_SECTION)
+        nxt = rest.find("\n## ")
+        card = head + (rest[nxt + 1:] if nxt >= 0 else "")
+    card = card.rstrip("\n") + f"\n\n{TEMPERATURE_SECTION}\n\n{summary.strip()}\n"
+    write_text_atomic(card, card_path)
