@@ -36,7 +36,7 @@ from experiments.configs.temperature_sweep import CONFIGS
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.train.config import load_config
 from replug_jax.fileio import read_jsonl
-from replug_jax.train.data import qa_examples
+from replug_jax.train.data import qa_examples, read_demonstrations
 from replug_jax.train.loop import LSRTrainer
 from replug_jax.train.setup import load_passages
 
@@ -95,9 +95,10 @@ def main(argv=None):
         batch_size=sweep.batch_size, total_steps=sweep.total_steps,
         refresh_every=sweep.total_steps, checkpoint_every=sweep.total_steps,
         refresh_mode="sync", learning_rate=sweep.learning_rate, num_devices=1)
-    lm = load_lm(common.lm, 512)
+    lm = load_lm(common.lm, common.lm_max_context)
     passages = load_passages(common)
-    train, dev = qa_examples(common.data), qa_examples(common.dev_data)
+    shots = read_demonstrations(common.qa_demonstrations) if common.qa_demonstrations else []
+    train, dev = qa_examples(common.data, shots), qa_examples(common.dev_data, shots)
     runs = []
     shared_cache = root / "lm_scores.sqlite"
     with Stopwatch() as sw:

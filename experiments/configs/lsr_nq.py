@@ -6,15 +6,24 @@ from replug_jax.train.config import LSRConfig
 
 _DATA = dict(task="qa", data="experiments/data/nq/train.jsonl",
              dev_data="experiments/data/nq/dev.jsonl", corpus="experiments/data/nq/corpus.jsonl",
-             chunk_size=0, query_max_length=32, doc_max_length=192)
+             chunk_size=0, query_max_length=32, doc_max_length=192,
+             qa_demonstrations="experiments/data/nq/demonstrations.jsonl", lm_max_context=512)
 
 CONFIGS = {
-    # What fits on 2 CPU cores in about an hour (3902 s measured, partly sharing the cores;
-    # LM scoring of 32 pairs per step dominates): 256 training questions seen once, two
-    # index refreshes.
+    # What fits on 2 CPU cores in about an hour (3902 s measured in the first round, partly
+    # sharing the cores; LM scoring of 32 pairs per step dominates): 256 training questions
+    # seen once, two index refreshes. Supervision uses the evaluation's 4-shot, 512-token prompt.
     "default": LSRConfig(retriever="minilm", lm="smollm2", k=4, batch_size=8,
                          total_steps=32, refresh_every=12, checkpoint_every=8,
                          learning_rate=2e-5, **_DATA),
+    # Room to improve: the 624 gold passages plus 3528 distractor passages (WikiText-2
+    # articles and Python docs; prepare_wikitext, then prepare_nq --distractors), so recall@1
+    # can move. The learning rate bounds the change per parameter to 24 × 1e-4 = 2.4e-3.
+    "distractors": LSRConfig(retriever="minilm", lm="smollm2", k=4, batch_size=8,
+                             total_steps=24, refresh_every=12, checkpoint_every=4,
+                             learning_rate=1e-4, dev_examples=64,
+                             **{**_DATA,
+                                "corpus": "experiments/data/nq/corpus_distractors.jsonl"}),
     # CI: seconds.
     "tiny": LSRConfig(retriever="minilm", lm="smollm2", k=4, batch_size=8, total_steps=6,
                       refresh_every=3, checkpoint_every=3, refresh_mode="sync", **_DATA),

@@ -29,9 +29,10 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax.replug import Replug, ScoreResult, summarize
-from replug_jax.retrieval.corpus import Document, Passage
+from replug_jax.retrieval.corpus import LEAKAGE, Document, Passage, leakage_exclusions
 
-LEAKAGE = ("window", "document", "none")
+__all__ = ["LEAKAGE", "LMEvaluator", "Window", "WindowSettings", "evaluate_lm",
+           "leakage_exclusions", "sliding_windows", "split_wikitext"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,23 +98,6 @@ def sliding_windows(doc: Document, tokenizer, settings: WindowSettings) -> list[
                           (c0, t1), (t0, t1)))
         if settings.max_windows_per_document and len(out) >= settings.max_windows_per_document:
             break
-    return out
-
-
-def leakage_exclusions(windows: Sequence[Window], passages: Sequence[Passage],
-                       policy: str = "window") -> list[list[int]]:
-    """Per window, the ids of corpus passages it must not retrieve under ``policy``."""
-    if policy not in LEAKAGE:
-        raise ValueError(f"leakage must be one of {LEAKAGE}, got {policy!r}")
-    by_source: dict[str, list[Passage]] = {}
-    for p in passages:
-        by_source.setdefault(p.source_id, []).append(p)
-    out = []
-    for w in windows:
-        same = by_source.get(w.source_id, []) if policy != "none" else []
-        if policy == "window":
-            same = [p for p in same if p.start < w.span[1] and p.end > w.span[0]]
-        out.append([p.id for p in same])
     return out
 
 

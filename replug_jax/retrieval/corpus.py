@@ -16,7 +16,7 @@ import json
 import pathlib
 import re
 import warnings
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +185,31 @@ def iter_chunks(docs: Iterable[Document], *, size: int = 100, overlap: int = 0,
             start, end = window[0][0], window[-1][1]
             yield Passage(next_id, doc.text[start:end], doc.title, doc.id, start, end)
             next_id += 1
+
+
+LEAKAGE = ("window", "document", "none")
+
+
+def leakage_exclusions(items: Sequence, passages: Iterable[Passage],
+                       policy: str = "window") -> list[list[int]]:
+    """Per item (anything with ``source_id`` and a character ``span`` of that source, such as
+    an evaluation window or an LSR training example), the ids of corpus passages it must not
+    retrieve: passages of the same source overlapping the span (``"window"``), every passage
+    of the source (``"document"``), or none (``"none"``, for a corpus disjoint from the data).
+    When the corpus is built from the evaluated text, a passage overlapping the window would
+    hand the LM its own target."""
+    if policy not in LEAKAGE:
+        raise ValueError(f"leakage must be one of {LEAKAGE}, got {policy!r}")
+    by_source: dict[str, list[Passage]] = {}
+    for p in passages:
+        by_source.setdefault(p.source_id, []).append(p)
+    out = []
+    for item in items:
+        same = by_source.get(item.source_id, []) if policy != "none" else []
+        if policy == "window":
+            same = [p for p in same if p.start < item.span[1] and p.end > item.span[0]]
+        out.append([p.id for p in same])
+    return out
 
 
 def chunk_documents(docs: Iterable[Document], **kwargs) -> list[Passage]:

@@ -21,8 +21,13 @@ class LSRConfig:
     task: Literal["qa", "lm"] = "qa"
     data: str = ""  # JSONL: qa {"id","question","answer","gold_doc"?}; lm {"id","text"}
     dev_data: str = ""
+    dev_examples: int = 0  # evaluate on the first N dev examples (0 = all)
     corpus: str = ""  # JSONL/text/parquet retrieval corpus (disjoint from the LM data)
-    chunk_size: int = 100
+    chunk_size: int = 100  # 0: every corpus record is one passage
+    chunk_unit: Literal["words", "tokens"] = "words"  # tokens: the LM's tokenizer (§5.2: 128)
+    # lm task: passages of an example's own document that overlap its window ("window"), all
+    # of that document's passages ("document") or none ("none") are never retrieved for it
+    leakage: Literal["window", "document", "none"] = "window"
     context_tokens: int = 128  # lm task: x = first 128 tokens, y = next 128 (§5.2)
     continuation_tokens: int = 128
     query_max_length: int = 128
@@ -54,6 +59,10 @@ class LSRConfig:
     refresh_mode: Literal["background", "sync"] = "background"
     refresh_lag: int = 0  # background: swap at refresh step + lag (0 = refresh_every // 10)
     index_factory: str = "Flat"
+    # Cheaper supervision, same math: before the first step, score the top-`prescore_pool`
+    # candidates of the initial index for every example the run will see, in large batches;
+    # steps then only score pairs that retrieval brings in after a refresh (0 = off).
+    prescore_pool: int = 0
     # "faiss": a FAISS index rebuilt at each refresh (index_factory); "jax": exact top-k over
     # the corpus embeddings held as an index_dtype array sharded along N over the mesh (no
     # FAISS rebuild; every device searches its rows, replicas merge the top-k)
@@ -74,6 +83,8 @@ class LSRConfig:
             (0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)"),
             (self.batch_size > 0, "batch_size must be positive"),
             (self.lm_max_context > 0, "lm_max_context must be positive"),
+            (self.prescore_pool >= 0 and self.dev_examples >= 0,
+             "prescore_pool and dev_examples must be >= 0"),
             (self.total_steps > 0, "total_steps must be positive"),
             (self.refresh_every > 0, "refresh_every must be positive"),
             (self.checkpoint_every > 0, "checkpoint_every must be positive"),
@@ -88,6 +99,8 @@ class LSRConfig:
              "means"),
         ]
         for literal, allowed in (("similarity", ("cosine", "dot")), ("task", ("qa", "lm")),
+                                 ("chunk_unit", ("words", "tokens")),
+                                 ("leakage", ("window", "document", "none")),
                                  ("direction", ("retriever_to_lm", "lm_to_retriever")),
                                  ("lm_score", ("mean", "sum")),
                                  ("objective", ("kl", "marginal")),
@@ -111,7 +124,8 @@ class LSRConfig:
         return dataclasses.asdict(self)
 
     def fingerprint(self, ignore=("total_steps", "eval_every", "checkpoint_every",
-                                  "keep_checkpoints", "remat")) -> str:
+                                  "keep_checkpoints", "remat", "prescore_pool",
+                                  "dev_examples")) -> str:
         """A hash of everything that changes the training trajectory."""
         d = {k: v for k, v in self.to_json().items() if k not in ignore}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -25,6 +25,8 @@ class Example:
     context: str  # the LM input that follows the document
     continuation: str  # the ground truth y
     gold_doc: int | None = None  # passage id, when known (QA with gold passages)
+    source_id: str | None = None  # the document the example was cut from (lm task)
+    span: tuple[int, int] | None = None  # its characters in that document (leakage filter)
 
 
 def qa_examples(path: str | pathlib.Path,
@@ -56,7 +58,9 @@ def read_demonstrations(path: str | pathlib.Path) -> list[tuple[str, str]]:
 def lm_examples(path: str | pathlib.Path, tokenizer, context_tokens: int = 128,
                 continuation_tokens: int = 128) -> list[Example]:
     """``{"id","text"}`` lines split into windows: x = ``context_tokens`` tokens, y = the next
-    ``continuation_tokens`` (the paper's 128 + 128). The query is x."""
+    ``continuation_tokens`` (the paper's 128 + 128). The query is x. Each example records its
+    source row and character span, so a corpus holding the same text can be filtered
+    (:func:`~replug_jax.retrieval.corpus.leakage_exclusions`)."""
     out = []
     width = context_tokens + continuation_tokens
     for i, row in enumerate(read_jsonl(path)):
@@ -67,7 +71,9 @@ def lm_examples(path: str | pathlib.Path, tokenizer, context_tokens: int = 128,
             a = offsets[start][0]
             b = offsets[start + context_tokens][0]
             c = offsets[start + width - 1][1]
-            out.append(Example(f"{row.get('id', i)}:{w}", text[a:b], text[a:b], text[b:c]))
+            source = str(row.get("id", i + 1))  # as read_documents names the same row
+            out.append(Example(f"{source}:{w}", text[a:b], text[a:b], text[b:c],
+                               source_id=source, span=(a, c)))
     if not out:
         raise ValueError(f"{path}: no text long enough for {width}-token windows")
     return out

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from replug_jax.fileio import write_json_atomic, write_text_atomic
-from replug_jax.retrieval.corpus import Passage
+from replug_jax.retrieval.corpus import Passage, leakage_exclusions
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval.index import DeviceIndex, Index, corpus_text
 from replug_jax.retrieval.store import PassageStore
@@ -36,6 +36,10 @@ from replug_jax.models.params import split_params, to_module
 from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
 from replug_jax.train.refresh import IndexRefresher
 from replug_jax.train.supervision import LMScoreCache, lm_scores
+
+
+def end_step(cfg: LSRConfig, start: int, stop_after: int | None) -> int:
+    return cfg.total_steps if stop_after is None else min(cfg.total_steps, start + stop_after)
 
 
 class CheckpointMismatch(ValueError):
@@ -61,6 +65,10 @@ class LSRTrainer:
         self.store = PassageStore.from_passages(passages)
         self.by_id = {p.id: p for p in passages}
         self.train, self.dev = list(train), list(dev)
+        # The leakage filter: passages an example must never retrieve (its own window).
+        spanned = [e for e in self.train + self.dev if e.span is not None]
+        self.exclusions = {e.id: ex for e, ex in zip(
+            spanned, leakage_exclusions(spanned, passages, cfg.leakage)) if ex}
         self.progress = progress
         self.mesh = make_mesh(cfg.num_devices or None)
         if cfg.batch_size % self.mesh.devices.size:
@@ -153,7 +161,7 @@ class LSRTrainer:
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            hits = self._search(queries, cfg.k)
+            hits = self._search(queries, cfg.k, [self.train[i] for i in idx])
         t0 = time.perf_counter()
         scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
                                 cfg.separator, cfg.lm_score)
@@ -181,16 +189,20 @@ class LSRTrainer:
                 if all(g is not None for g in gold) else None}
         return batch, info
 
-    def _search(self, queries_BD: np.ndarray, k: int):
-        """Search with this process's queries. The sharded JAX index is one global
-        computation, so with several processes every one searches everyone's queries and keeps
-        its own rows; a FAISS index is local to each process."""
+    def _excluded(self, examples: list[Example]) -> list[list[int]]:
+        return [self.exclusions.get(e.id, []) for e in examples]
+
+    def _search(self, queries_BD: np.ndarray, k: int, batch: list[Example]):
+        """Search with this process's queries (``batch``: the whole batch's examples, in
+        order, for the leakage filter). The sharded JAX index is one global computation, so
+        with several processes every one searches everyone's queries and keeps its own rows;
+        a FAISS index is local to each process."""
         if self.pcount == 1 or not isinstance(self.index, DeviceIndex):
-            return self.index.search(queries_BD, k)
+            return self.index.search(queries_BD, k, self._excluded(batch[local_rows(len(batch))]))
         from jax.experimental import multihost_utils as mh
 
         everyone = np.asarray(mh.process_allgather(np.asarray(queries_BD), tiled=True))
-        hits = self.index.search(everyone, k)
+        hits = self.index.search(everyone, k, self._excluded(batch))
         mine = local_rows(len(everyone))
         return type(hits)(hits.ids[mine], hits.scores[mine], hits.passages[mine])
 
@@ -224,6 +236,8 @@ class LSRTrainer:
                 p = meta["pending"]
                 refresher.start(p["version"], p["start_step"],
                                 refresher.load_snapshot(p["version"], self.state.params))
+        if cfg.prescore_pool and start < end_step(cfg, start, stop_after):
+            self.prescore(start, end_step(cfg, start, stop_after))
         if self.dev and "initial" not in self._dev_metrics():
             # The untrained retriever on dev, once per work directory (the model card's baseline).
             self._write_once({"initial": self.evaluate(self.dev)} if start == 0 else
@@ -241,7 +255,7 @@ class LSRTrainer:
             if self.progress and self.pid == 0:
                 print("note: TensorBoard logging is off (pip install 'replug-jax[tensorboard]'); "
                       f"metrics still go to {log_path}")
-        end = cfg.total_steps if stop_after is None else min(cfg.total_steps, start + stop_after)
+        end = end_step(cfg, start, stop_after)
         bar = tqdm(range(start, end), initial=start, total=cfg.total_steps, desc="LSR",
                    disable=not self.progress or self.pid != 0)
         last = {}
@@ -285,6 +299,35 @@ class LSRTrainer:
             result["dev_initial"] = dev.get("initial")
         return result
 
+    def prescore(self, start: int, end: int, chunk: int = 256) -> dict:
+        """Score, in large batches, the top-``prescore_pool`` candidates of the current index
+        for every example of steps ``[start, end)`` not yet in the cache (this process's rows).
+        The scores are the same the steps would compute; they are only paid for up front."""
+        cfg = self.cfg
+        if self.pcount > 1:
+            raise ValueError("prescore_pool is for single-process runs (every process would "
+                             "need the same number of searches); set prescore_pool=0")
+        rows = sorted({int(i) for s in range(start, end)
+                       for i in batch_indices(s, cfg.batch_size, len(self.train),
+                                              cfg.seed)[local_rows(cfg.batch_size)]})
+        examples = [self.train[i] for i in rows]
+        t0 = time.perf_counter()
+        queries = self.retriever.encode_queries([e.query for e in examples],
+                                                params=host_copy(self.state.params))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hits = self.index.search(queries, cfg.prescore_pool, self._excluded(examples))
+        new = 0
+        for i in range(0, len(examples), max(1, chunk // cfg.prescore_pool)):
+            part = slice(i, i + max(1, chunk // cfg.prescore_pool))
+            new += lm_scores(examples[part], hits.ids[part], self.by_id, self.lm, self.cache,
+                             cfg.separator, cfg.lm_score, chunk=chunk)[1]
+        info = {"examples": len(examples), "pool": cfg.prescore_pool, "new_pairs": new,
+                "seconds": round(time.perf_counter() - t0, 2)}
+        if self.pid == 0:
+            write_json_atomic(info, self.workdir / "prescore.json")
+        return info
+
     def _write_once(self, obj, path: pathlib.Path) -> None:
         if self.pid == 0:
             write_json_atomic(obj, path)
@@ -303,7 +346,7 @@ class LSRTrainer:
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            hits = index.search(queries, max(k, 5))  # recall@5 even when k < 5
+            hits = index.search(queries, max(k, 5), self._excluded(examples))  # recall@5 always
         out = {"examples": len(examples)}
         gold = [e.gold_doc for e in examples]
         if all(g is not None for g in gold):

@@ -11,11 +11,11 @@ from replug_jax.train.data import lm_examples, qa_examples, read_demonstrations
 from replug_jax.train.loop import LSRTrainer
 
 
-def load_passages(cfg: LSRConfig) -> list[Passage]:
+def load_passages(cfg: LSRConfig, tokenizer=None) -> list[Passage]:
     docs = read_documents(cfg.corpus)
     if cfg.chunk_size <= 0:  # every document is one passage, id = its position
         return [Passage(i, d.text, d.title, d.id, 0, len(d.text)) for i, d in enumerate(docs)]
-    return chunk_documents(docs, size=cfg.chunk_size)
+    return chunk_documents(docs, size=cfg.chunk_size, unit=cfg.chunk_unit, tokenizer=tokenizer)
 
 
 def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool = True,
@@ -35,15 +35,17 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
             from replug_jax.lm.flax_scorer import FlaxLM
 
             lm = FlaxLM.load(cfg.lm, max_context=cfg.lm_max_context)
+    tok = lm.tokenizer if lm is not None and hasattr(lm, "tokenizer") else \
+        retriever.model.tokenizer
     if cfg.task == "qa":
         shots = read_demonstrations(cfg.qa_demonstrations) if cfg.qa_demonstrations else []
         train = qa_examples(cfg.data, shots)
         dev = qa_examples(cfg.dev_data, shots) if cfg.dev_data else []
     else:
-        tok = lm.tokenizer if lm is not None and hasattr(lm, "tokenizer") else \
-            retriever.model.tokenizer
         train = lm_examples(cfg.data, tok, cfg.context_tokens, cfg.continuation_tokens)
         dev = lm_examples(cfg.dev_data, tok, cfg.context_tokens,
                           cfg.continuation_tokens) if cfg.dev_data else []
+    if cfg.dev_examples:
+        dev = dev[:cfg.dev_examples]
     return LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=lm,
-                      passages=load_passages(cfg), train=train, dev=dev, progress=progress)
+                      passages=load_passages(cfg, tok), train=train, dev=dev, progress=progress)

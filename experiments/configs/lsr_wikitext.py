@@ -1,0 +1,35 @@
+"""REPLUG LSR with the language-modelling objective (paper §4, §5.2) on WikiText-2 articles
+(prepare with ``python -m experiments.prepare_wikitext``): x = 128 tokens, y = the next 128,
+corpus = 128-token passages of every article plus distractors (NQ passages, Python docs), with
+the leakage filter dropping the passages that overlap an example's own window.
+
+What a run needs: Adam moves each parameter by at most about lr per step, so ``total_steps ×
+learning_rate`` bounds the change (the first NQ run, 32 × 2e-5 = 6e-4, could not move much).
+The laptop variant uses 1e-4 (a bound of 2.4e-3) and LM scoring dominates its time: each step
+scores batch × k = 32 (example, passage) pairs of about 400 tokens on 2 CPU cores.
+"""
+
+from replug_jax.train.config import LSRConfig
+
+_DATA = dict(task="lm", data="experiments/data/wikitext/train.jsonl",
+             dev_data="experiments/data/wikitext/dev.jsonl",
+             corpus="experiments/data/wikitext/corpus.jsonl", chunk_size=128,
+             chunk_unit="tokens", leakage="window", context_tokens=128,
+             continuation_tokens=128, query_max_length=128, doc_max_length=160,
+             lm_max_context=512)
+
+CONFIGS = {
+    # 24 steps of batch 8 (192 examples seen once), one index refresh; the top-4 of the
+    # initial index is scored up front in large batches (prescore_pool).
+    "default": LSRConfig(retriever="minilm", lm="smollm2", k=4, batch_size=8,
+                         total_steps=24, refresh_every=12, checkpoint_every=4,
+                         learning_rate=1e-4, dev_examples=24, prescore_pool=4, **_DATA),
+    # CI: seconds.
+    "tiny": LSRConfig(retriever="minilm", lm="smollm2", k=2, batch_size=2, total_steps=2,
+                      refresh_every=2, checkpoint_every=1, refresh_mode="sync",
+                      dev_examples=2, lm_score="mean", **{**_DATA, "context_tokens": 32,
+                                                           "continuation_tokens": 16}),
+    # The paper's setting on an accelerator: k = 20, batch 64, 25k steps, refresh every 3k.
+    "gpu": LSRConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
+                     **{**_DATA, "lm_max_context": 1024}),
+}
