@@ -41,6 +41,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="article split seed")
     ap.add_argument("--dev", type=int, default=10, help="articles in dev")
     ap.add_argument("--test", type=int, default=10, help="articles in test")
+    ap.add_argument("--no-python-docs", action="store_true",
+                    help="leave the Python docstrings out of the distractors")
     ap.add_argument("--passage-tokens", type=int, default=128,
                     help="passage length of distractors.jsonl (SmolLM2 tokens)")
     args = ap.parse_args(argv)
@@ -60,7 +62,7 @@ def main(argv=None):
         write_text_atomic(_jsonl(rows[i] for i in sorted(idx)), args.out / f"{name}.jsonl")
     nq = [{"id": f"nq:{p.id}", "title": "", "text": p.text} for p in load_nq()[0]]
     pydocs = [{"id": f"pydoc:{d.id}", "title": d.title, "text": d.text}
-              for d in python_docs_documents()]
+              for d in ([] if args.no_python_docs else python_docs_documents())]
     write_text_atomic(_jsonl(rows + nq + pydocs), args.out / "corpus.jsonl")
     tokenizer = load_tokenizer("smollm2")
     from replug_jax.retrieval.corpus import Document

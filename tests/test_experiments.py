@@ -183,3 +183,42 @@ def test_repeated_set_flags_accumulate():
     cli = build_parser().parse_args(["train-lsr", "--config", "c.py", "--workdir", "w",
                                      "--set", "k=3", "--set", "remat=true"])
     assert cli.set == ["k=3", "remat=true"]
+
+
+def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch):
+    """The WikiText article split, the NQ corpus with distractors, and the τ sweep on both
+    datasets from cached branches (with the τ fitted and intervals reported)."""
+    from experiments import inference_temperature, prepare_nq, prepare_wikitext
+
+    wiki, nq = tmp_path / "wikitext", tmp_path / "nq"
+    prepare_wikitext.main(["--out", str(wiki), "--dev", "1", "--test", "1", "--no-python-docs"])
+    split = json.loads((wiki / "split.json").read_text())
+    assert sorted(split["train"] + split["dev"] + split["test"]) == [
+        "Alder River", "Bram Water", "Carrow Beck"]
+    prepare_nq.main(["--out", str(nq), "--distractors", str(wiki / "distractors.jsonl")])
+    corpus = (nq / "corpus_distractors.jsonl").read_text().splitlines()
+    assert len(corpus) == len(FACTS) + len((wiki / "distractors.jsonl").read_text().splitlines())
+    assert json.loads(corpus[0])["id"] == "0"  # the gold passages keep their ids
+    demos = (nq / "demonstrations.jsonl").read_text().splitlines()
+    asked = {json.loads(x)["question"] for name in ("train", "dev")
+             for x in (nq / f"{name}.jsonl").read_text().splitlines()}
+    assert len(demos) == 4 and not asked & {json.loads(x)["question"] for x in demos}
+    out = tmp_path / "out"
+    inference_temperature.main([
+        "--config", "tiny", "--out", str(out), "--no-progress", "--set",
+        f"questions={nq}/dev.jsonl", f"demonstrations={nq}/demonstrations.jsonl",
+        f"corpus={nq}/corpus_distractors.jsonl", f"workdir={tmp_path}/work"])
+    res = json.loads((out / "inference_temperature" / "tiny.json").read_text())
+    assert set(res["rows"]) == {"base/1.0", "base/0.1", "base/uniform", "base/top1",
+                                "base/fitted"}
+    d = res["rows"]["base/0.1"]["vs_tau1"]
+    assert d["low"] <= d["difference"] <= d["high"]
+    assert 1e-3 <= res["fits"]["base"]["temperature"] <= 10
+    assert np.isfinite(res["lm_alone"]) and "recall@1" in res["recall"]["base"]
+    inference_temperature.main([
+        "--config", "tiny_wikitext", "--out", str(out), "--no-progress", "--set",
+        f"corpus={wiki}/corpus.jsonl", f"fit_articles={wiki}/dev.jsonl",
+        f"test_articles={wiki}/test.jsonl", f"workdir={tmp_path}/work"])
+    res = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
+    assert 0 < res["rows"]["base/1.0"]["metric"] < 10  # bits per byte
+    assert (out / "inference_temperature" / "tiny_wikitext.png").stat().st_size > 0

@@ -1,0 +1,54 @@
+"""The inference temperature τ of λ = softmax(s / τ) (paper §3.2), swept from cached branches.
+
+``retrievers`` are ``label=source`` pairs (a packaged name, a hub id or an exported folder).
+NQ: the dev questions, 4-shot prompts, gold-answer log-likelihood; τ is fitted on the same dev
+questions and reported by 2-fold cross-fitting. WikiText: windows of the dev articles fit τ,
+windows of the test articles report bits per byte (prepare both with
+``python -m experiments.prepare_wikitext`` and ``python -m experiments.prepare_nq
+--distractors experiments/data/wikitext/distractors.jsonl``)."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class TemperatureConfig:
+    dataset: str = "nq"  # nq | wikitext
+    retrievers: tuple = ("base=minilm", "lsr=checkpoints/replug-lsr-minilm-nq")
+    lm: str = "smollm2"
+    k: int = 5
+    temperatures: tuple = (1.0, 0.3, 0.1, 0.05, 0.02)
+    max_context: int = 512
+    corpus: str = "experiments/data/nq/corpus_distractors.jsonl"
+    chunk_tokens: int = 0  # 0: every corpus record is one passage; else LM-token passages
+    # nq: questions (JSONL with gold_doc) and few-shot demonstrations
+    questions: str = "experiments/data/nq/dev.jsonl"
+    demonstrations: str = "experiments/data/nq/demonstrations.jsonl"
+    # wikitext: articles whose windows fit τ (fit) and report (test)
+    fit_articles: str = "experiments/data/wikitext/dev.jsonl"
+    test_articles: str = "experiments/data/wikitext/test.jsonl"
+    context_tokens: int = 128
+    stride: int = 128
+    max_windows_per_document: int = 6
+    num_examples: int = 0  # cap on questions / windows per split (0 = all)
+    record: str = "lsr"  # write the fitted τ into this retriever's folder ("" = none)
+    workdir: str = "runs/inference_temperature"  # branch caches (resumable)
+    bootstrap_resamples: int = 10_000
+    seed: int = 0
+
+
+_WIKI = dict(dataset="wikitext", corpus="experiments/data/wikitext/corpus.jsonl",
+             chunk_tokens=128, k=4, retrievers=("base=minilm",
+                                                "lsr=checkpoints/replug-lsr-minilm-wikitext"))
+
+CONFIGS = {
+    "nq": TemperatureConfig(),
+    "wikitext": TemperatureConfig(**_WIKI),
+    # CI: seconds (the packaged retriever under two labels, a few examples).
+    "tiny": TemperatureConfig(retrievers=("base=minilm",), k=2, num_examples=4,
+                              temperatures=(1.0, 0.1), record="", bootstrap_resamples=200),
+    "tiny_wikitext": TemperatureConfig(**{**_WIKI, "retrievers": ("base=minilm",), "k": 2},
+                                       num_examples=3, max_windows_per_document=3,
+                                       context_tokens=32, stride=32,
+                                       temperatures=(1.0, 0.1), record="",
+                                       bootstrap_resamples=200),
+}
