@@ -164,7 +164,7 @@ def main(argv=None):
         num_bytes = np.array([len(t.encode("utf-8")) for t in report["targets"]], np.int64)
         plain = score_split(Replug(lm, mode="none"), report, work / "lm_alone.npy", "none",
                             progress)
-        caches, recalls = {}, {}
+        caches, hits_at = {}, {}
         for label, source in retrievers:
             retriever = Retriever.load(source)
             pipe = Replug(lm, retriever, index_in_memory(passages, retriever),
@@ -173,8 +173,17 @@ def main(argv=None):
                                             progress) for s in splits}
             if report["gold"] is not None and all(g is not None for g in report["gold"]):
                 hits = pipe.index.search(retriever.encode_queries(report["queries"]), 5)
-                recalls[label] = {f"recall@{r}": float(np.mean(
-                    [g in row[:r] for g, row in zip(report["gold"], hits.ids)])) for r in (1, 5)}
+                hits_at[label] = {f"recall@{r}": np.array(
+                    [g in row[:r] for g, row in zip(report["gold"], hits.ids)], np.float64)
+                    for r in (1, 5)}
+    recalls = {}
+    for label, per in hits_at.items():  # recall of the gold passage, vs the first retriever
+        first = hits_at[retrievers[0][0]]
+        recalls[label] = {key: float(np.mean(v)) for key, v in per.items()}
+        if label != retrievers[0][0]:
+            recalls[label]["vs_base"] = {key: paired_bootstrap(
+                v, first[key], resamples=cfg.bootstrap_resamples, seed=cfg.seed)
+                for key, v in per.items()}
     rows, table, fits = {}, [], {}
     schemes = [*cfg.temperatures, "uniform", "top1", "fitted"]
     for label, _ in retrievers:
@@ -231,13 +240,21 @@ def main(argv=None):
                f"{cfg.bootstrap_resamples} resamples. "
                + ("Higher is better." if cfg.dataset == "nq" else "Lower is better.")
                + (" Recall of the gold passage: " + "; ".join(
-                   f"{label} " + ", ".join(f"{k} {v:.3f}" for k, v in r.items())
-                   for label, r in recalls.items()) if recalls else "")),
+                   f"{label} {recall_text(r)}" for label, r in recalls.items())
+                   if recalls else "")),
         root=args.out, differences=DIFFERENCES)
     plot(cfg, rows, payload, out / f"{args.config}.png", name)
     if cfg.record:
         record(cfg, dict(retrievers)[cfg.record], cfg.record, fits[cfg.record], payload, name,
                args.config)
+
+
+def recall_text(r: dict) -> str:
+    text = ", ".join(f"{k} {v:.3f}" for k, v in r.items() if k != "vs_base")
+    if "vs_base" in r:
+        text += " (vs base: " + ", ".join(f"{k} {format_interval(d)}"
+                                          for k, d in r["vs_base"].items()) + ")"
+    return text
 
 
 def plot(cfg, rows, payload, path, name):
@@ -276,8 +293,7 @@ def record(cfg, source: str, label: str, fit: dict, payload: dict, name: str, va
                      f"{format_interval(row['vs_tau1'], 4) if 'vs_tau1' in row else ''} | "
                      f"{format_interval(row['vs_base'], 4) if 'vs_base' in row else ''} |")
     if payload["recall"].get(label):
-        lines += ["", "Gold-passage recall: " + ", ".join(
-            f"{k} {v:.3f}" for k, v in payload["recall"][label].items())]
+        lines += ["", f"Gold-passage recall: {recall_text(payload['recall'][label])}"]
     record_temperature(folder, fit["temperature"], {
         "dataset": cfg.dataset, "variant": variant, "examples": payload["examples"],
         "loglik": fit["loglik"], "bounds": fit["bounds"], "at_bound": fit["at_bound"]},

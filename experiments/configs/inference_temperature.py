@@ -15,7 +15,7 @@ class TemperatureConfig:
     dataset: str = "nq"  # nq | wikitext
     retrievers: tuple = ("base=minilm", "lsr=checkpoints/replug-lsr-minilm-nq")
     lm: str = "smollm2"
-    k: int = 5
+    k: int = 4
     temperatures: tuple = (1.0, 0.3, 0.1, 0.05, 0.02)
     max_context: int = 512
     corpus: str = "experiments/data/nq/corpus_distractors.jsonl"
@@ -28,8 +28,8 @@ class TemperatureConfig:
     test_articles: str = "experiments/data/wikitext/test.jsonl"
     context_tokens: int = 128
     stride: int = 128
-    max_windows_per_document: int = 6
-    num_examples: int = 0  # cap on questions / windows per split (0 = all)
+    max_windows_per_document: int = 4
+    num_examples: int = 80  # cap on questions / windows per split (0 = all)
     record: str = "lsr"  # write the fitted τ into this retriever's folder ("" = none)
     workdir: str = "runs/inference_temperature"  # branch caches (resumable)
     bootstrap_resamples: int = 10_000
@@ -37,7 +37,7 @@ class TemperatureConfig:
 
 
 _WIKI = dict(dataset="wikitext", corpus="experiments/data/wikitext/corpus.jsonl",
-             chunk_tokens=128, k=4, retrievers=("base=minilm",
+             chunk_tokens=128, retrievers=("base=minilm",
                                                 "lsr=checkpoints/replug-lsr-minilm-wikitext"))
 
 CONFIGS = {
