@@ -213,3 +213,24 @@ def test_bad_values_raise_eagerly_and_propagate_nan_under_jit():
     lw = jax.jit(E.retrieval_log_weights)(np.zeros((2, 3)),
                                           mask=np.array([[1, 1, 1], [0, 0, 0]], bool))
     assert np.isfinite(lw[0]).all() and np.isnan(lw[1]).all()
+
+
+def test_choose_token_greedy_nucleus_and_sampling():
+    from replug_jax.core.sampling import choose_token
+
+    logp = jnp.log(jnp.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]]))
+    rng = jax.random.PRNGKey(0)
+    np.testing.assert_array_equal(choose_token(logp, rng), [1, 0])  # greedy
+    # a nucleus smaller than the top token keeps only the top token, even when sampling
+    np.testing.assert_array_equal(choose_token(logp, rng, 1.0, 0.05), [1, 0])
+    jitted = jax.jit(choose_token)
+    keys = jax.random.split(jax.random.PRNGKey(1), 4000)
+    draws = np.array([jitted(logp, k, 1.0, 1.0) for k in keys[:400]])
+    assert set(np.unique(draws[:, 0])) <= {0, 1, 2} and len(np.unique(draws[:, 0])) == 3
+    many = np.asarray(jax.vmap(lambda k: choose_token(logp, k, 1.0, 1.0))(keys))
+    np.testing.assert_allclose(np.bincount(many[:, 0], minlength=3) / len(keys),
+                               [0.1, 0.6, 0.3], atol=0.03)
+    # top_p = 0.7 on row 0: {0.6, 0.3} are kept (the mass before 0.3 is 0.6 < 0.7), 0.1 never
+    nuc = np.asarray(jax.vmap(lambda k: choose_token(logp, k, 1.0, 0.7))(keys))
+    assert 0 not in nuc[:, 0]
+    np.testing.assert_array_equal(jitted(logp, rng, 0.0, 1.0), [1, 0])  # jit equals eager

@@ -28,7 +28,7 @@ class TemperatureConfig:
     test_articles: str = "experiments/data/wikitext/test.jsonl"
     context_tokens: int = 128
     stride: int = 128
-    max_windows_per_document: int = 4
+    max_windows_per_document: int = 2
     num_examples: int = 80  # cap on questions / windows per split (0 = all)
     record: str = "lsr"  # write the fitted τ into this retriever's folder ("" = none)
     workdir: str = "runs/inference_temperature"  # branch caches (resumable)

@@ -135,12 +135,14 @@ class Attention(nnx.Module):
             k_BSJD, v_BSJD, k_pos_BS = k_BLJD, v_BLJD, q_pos_BL
             new_kv = None
         else:
-            k_cache, v_cache, k_pos_BS, end = kv_cache
-            k_BSJD = jax.lax.dynamic_update_slice_in_dim(k_cache, k_BLJD.astype(k_cache.dtype),
-                                                         end, axis=1)
-            v_BSJD = jax.lax.dynamic_update_slice_in_dim(v_cache, v_BLJD.astype(v_cache.dtype),
-                                                         end, axis=1)
-            new_kv = (k_BSJD, v_BSJD)
+            # The cache of every layer is one [layers, B, S, J, D] buffer; the new keys and
+            # values are written into it in place (no per-step copy of the whole cache).
+            k_all, v_all, k_pos_BS, end, layer = kv_cache
+            at = (layer, 0, end, 0, 0)
+            k_all = jax.lax.dynamic_update_slice(k_all, k_BLJD[None].astype(k_all.dtype), at)
+            v_all = jax.lax.dynamic_update_slice(v_all, v_BLJD[None].astype(v_all.dtype), at)
+            k_BSJD, v_BSJD = k_all[layer], v_all[layer]
+            new_kv = (k_all, v_all)
         repeats = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head (GQA)
         q_BLJRD = q_BLHD.reshape(b, length, cfg.num_kv_heads, repeats, cfg.head_dim)
         logits_BJRLS = jnp.einsum("bljrd,bsjd->bjrls", q_BLJRD, k_BSJD,
@@ -211,20 +213,21 @@ class CausalLM(nnx.Module):
             new_tokens = tokens_BL.shape[1]
             k_pos_BS = jax.lax.dynamic_update_slice_in_dim(
                 cache["pos"], positions_BL.astype(cache["pos"].dtype), cache["end"], axis=1)
-        new_k, new_v = [], []
+        k_all = v_all = None
+        if cache is not None:
+            k_all, v_all = cache["k"], cache["v"]
         for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache["k"][i], cache["v"][i], k_pos_BS, cache["end"])
+            kv = None if cache is None else (k_all, v_all, k_pos_BS, cache["end"], i)
             x_BLD, new_kv = layer(x_BLD, positions_BL, kv)
             if new_kv is not None:
-                new_k.append(new_kv[0])
-                new_v.append(new_kv[1])
+                k_all, v_all = new_kv
         x_BLD = self.final_norm(x_BLD)
         if self.cfg.tie_embeddings:
             logits_BLV = self.embed.attend(x_BLD)
         else:
             logits_BLV = self.lm_head(x_BLD)
         if cache is not None:
-            cache = {"k": jnp.stack(new_k), "v": jnp.stack(new_v), "pos": k_pos_BS,
+            cache = {"k": k_all, "v": v_all, "pos": k_pos_BS,
                      "end": cache["end"] + new_tokens}
         return logits_BLV.astype(jnp.float32), cache
 
