@@ -232,16 +232,25 @@ class FlaxLM:
 
     # -- coordinated ensemble decoding ---------------------------------------------------------
 
-    @partial(jax.jit, static_argnames=("self", "steps", "k"))
+    @partial(jax.jit, static_argnames=("self", "capacity", "k"))
     def _decode(self, state, cache, logp_BV, log_w_GK, pos_B, done_G, rng, temperature, top_p,
-                *, steps: int, k: int):
+                n_steps, *, capacity: int, k: int):
+        """Up to ``n_steps <= capacity`` coordinated decoding steps in one compiled
+        ``lax.while_loop``, which also stops as soon as every group has emitted EOS. Returns the
+        carry, ``[capacity, G]`` tokens (EOS after the last step), mixture log-probs,
+        ``[capacity, G, K]`` branch log-probs and the number of steps run. ``n_steps`` is traced,
+        so one compilation serves every length up to ``capacity``."""
         model_graphdef = self._graphdef
         eos = -1 if self.eos_id is None else self.eos_id
+        g = log_w_GK.shape[0]
 
-        def step(carry, _):
-            cache, logp_BV, pos_B, done_G, rng = carry
+        def cond(c):
+            i, done_G = c[0], c[4]
+            return (i < n_steps) & ~jnp.all(done_G)
+
+        def body(c):
+            i, cache, logp_BV, pos_B, done_G, rng, (toks, mix_lps, branch_lps) = c
             rng, sub = jax.random.split(rng)
-            g = log_w_GK.shape[0]
             logp_GKV = logp_BV.reshape(g, k, -1)
             mix_GV = mixture_logprobs(logp_GKV, log_w_GK)
             tok_G = choose_token(mix_GV, sub, temperature, top_p)
@@ -254,11 +263,15 @@ class FlaxLM:
                                                              cache)
             new_logp = jax.nn.log_softmax(logits[:, 0], axis=-1)
             done_G = done_G | (tok_G == eos)
-            return (cache, new_logp, pos_B + 1, done_G, rng), (tok_G, mix_lp_G, branch_lp_GK)
+            outs = (toks.at[i].set(tok_G), mix_lps.at[i].set(mix_lp_G),
+                    branch_lps.at[i].set(branch_lp_GK))
+            return i + 1, cache, new_logp, pos_B + 1, done_G, rng, outs
 
-        carry, outs = jax.lax.scan(step, (cache, logp_BV, pos_B, done_G, rng), None,
-                                   length=steps)
-        return carry, outs
+        outs = (jnp.full((capacity, g), eos if eos >= 0 else 0, jnp.int32),
+                jnp.zeros((capacity, g), jnp.float32), jnp.zeros((capacity, g, k), jnp.float32))
+        i, cache, logp_BV, pos_B, done_G, rng, outs = jax.lax.while_loop(
+            cond, body, (jnp.int32(0), cache, logp_BV, pos_B, done_G, rng, outs))
+        return (cache, logp_BV, pos_B, done_G, rng), outs, i
 
     @partial(jax.jit, static_argnames=("self",))
     def _prefill(self, state, tokens_BL, positions_BL, cache):
@@ -286,8 +299,12 @@ class FlaxLM:
             raise ValueError(f"prompts must be {g} groups of {k} branches")
         flat = [self.bos + self.encode(p) for group in prompts for p in group]
         L = self._bucket(max(map(len, flat)))
-        n_chunks = -(-max_new_tokens // self.chunk)
-        total = L + n_chunks * self.chunk
+        # Without stop strings the whole generation is one compiled loop (no host round trip
+        # per token or per chunk); with them, chunks of `chunk` steps between which the text
+        # is checked. The capacity is a power of two, so few shapes are ever compiled.
+        capacity = self.chunk if stop else max(16, 1 << (max_new_tokens - 1).bit_length())
+        n_chunks = -(-max_new_tokens // capacity)
+        total = L + n_chunks * capacity
         if total > self.lm.config.max_position:
             raise ValueError(f"prompt ({L} tokens, bucketed) plus {max_new_tokens} new tokens "
                              f"exceeds the model's {self.lm.config.max_position} positions")
@@ -303,14 +320,16 @@ class FlaxLM:
                      jax.random.PRNGKey(seed))
             toks, mix_lps, branch_lps = [], [], []
             texts, stopped = [""] * g, ["length"] * g
-            for _ in range(n_chunks):
+            for c in range(n_chunks):
                 cache, logp, pos, done, rng = carry
-                carry, (tok, mix_lp, br_lp) = self._decode(
+                carry, (tok, mix_lp, br_lp), ran = self._decode(
                     self.state, cache, logp, log_w, pos, done, rng, temperature, top_p,
-                    steps=self.chunk, k=k)
-                toks.append(np.asarray(tok).T)
-                mix_lps.append(np.asarray(mix_lp).T)
-                branch_lps.append(np.asarray(br_lp).transpose(1, 2, 0))
+                    jnp.int32(min(capacity, max_new_tokens - c * capacity)), capacity=capacity,
+                    k=k)
+                ran = int(ran)
+                toks.append(np.asarray(tok)[:ran].T)
+                mix_lps.append(np.asarray(mix_lp)[:ran].T)
+                branch_lps.append(np.asarray(br_lp)[:ran].transpose(1, 2, 0))
                 all_toks = np.concatenate(toks, axis=1)
                 finished = True
                 for gi in range(g):
