@@ -73,7 +73,7 @@ else
   stage stand_ins 150 "$PY" -m benches.stand_in fill --assets "$ASSETS" --out "$MODELS"
   LM=$MODELS/smollm2 RETRIEVER=$MODELS/minilm
 fi
-stage core_tests 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_core_ensemble.py \
+stage core_tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_core_ensemble.py \
   tests/test_core_losses.py
 stage bench_inference 150 "$PY" -m benches.bench_inference --quick --lm "$LM"
 stage bench_lsr 150 "$PY" -m benches.bench_lsr --retriever "$RETRIEVER" --remat
