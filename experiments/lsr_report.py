@@ -91,7 +91,7 @@ def main(argv=None):
                f"LM-scored pairs ({payload['lm_seconds']:.0f} s of {seconds:.0f} s); refresh "
                f"wait {100 * payload['refresh_wait_fraction']:.1f} % of step time; index "
                f"versions {payload['index_versions']}. Dev: {initial.get('examples', '?')} "
-               "questions; `top1_is_lm_best` = the retriever's top document is the one the LM "
+               "examples; `top1_is_lm_best` = the retriever's top document is the one the LM "
                "scores best among the retrieved." + cost),
         root=args.out, differences=DIFFERENCES if args.experiment == "lsr_nq"
         else DIFFERENCES_LM)
