@@ -86,9 +86,11 @@ def main(argv=None):
     base, _ = load_config(sweep.base)
     if sweep.data_dir:
         folder = pathlib.Path(sweep.data_dir)
+        shots = folder / "demonstrations.jsonl"  # prepare_nq writes it beside the splits
         base = dataclasses.replace(base, data=str(folder / "train.jsonl"),
                                    dev_data=str(folder / "dev.jsonl"),
-                                   corpus=str(folder / "corpus.jsonl"))
+                                   corpus=str(folder / "corpus.jsonl"),
+                                   qa_demonstrations=str(shots) if shots.exists() else "")
     train_path, dev_path, corpus_path = subset_data(base, sweep, root / "data")
     common = dataclasses.replace(
         base, data=train_path, dev_data=dev_path, corpus=corpus_path, k=sweep.k,
