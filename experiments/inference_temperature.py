@@ -40,12 +40,13 @@ from replug_jax.eval.temperature import (
     fit_temperature,
     mixture_logliks,
 )
-from replug_jax.fileio import read_jsonl
+from replug_jax.fileio import atomic_path, read_jsonl
 from replug_jax.prompts import qa_prompt
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, chunk_documents, read_documents
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval.index import index_in_memory
+from replug_jax.train.data import read_demonstrations
 
 DIFFERENCES = (
     "The paper uses τ = 1 at inference with cosine similarities from Contriever and a 175B LM. "
@@ -80,8 +81,7 @@ def examples(cfg, lm, split: str, passages) -> dict:
     """``{"contexts","targets","queries","exclude","ids","gold"}`` of one split."""
     cap = cfg.num_examples or None
     if cfg.dataset == "nq":
-        shots = [(r["question"], str(r["answer"]).strip())
-                 for r in read_jsonl(cfg.demonstrations)] if cfg.demonstrations else []
+        shots = read_demonstrations(cfg.demonstrations) if cfg.demonstrations else []
         rows = read_jsonl(cfg.questions)[:cap]
         return {"contexts": [qa_prompt(r["question"], demonstrations=shots, chat=False)
                              for r in rows],
@@ -117,8 +117,6 @@ def score_split(pipe: Replug, data: dict, path: pathlib.Path, mode: str, progres
                               mode=mode, exclude_ids=None if data["exclude"] is None else
                               data["exclude"][sl], reliance=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from replug_jax.fileio import atomic_path
-
     if mode == "replug":
         cache = BranchCache.from_results(results, data["ids"])
         cache.save(path)

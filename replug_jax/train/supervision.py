@@ -8,13 +8,14 @@ reuses every score already paid for.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import sqlite3
 import threading
 
 import numpy as np
 
-from replug_jax.prompts import document_prompt
+from replug_jax.prompts import document_budget, document_prompt
 from replug_jax.retrieval.index import corpus_text
 
 
@@ -63,11 +64,20 @@ def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
     cache.hits += len(keys) - len(missing)
     cache.misses += len(missing)
     by_id = {ex.id: ex for ex in examples}
+
+    @functools.cache  # per example, not per (example, document) pair
+    def reserve(ex_id: str) -> int:
+        return scorer.count_tokens(by_id[ex_id].continuation)
+
+    @functools.cache
+    def budget(ex_id: str) -> int:
+        return document_budget(scorer, by_id[ex_id].context, separator, reserve(ex_id))
+
     for start in range(0, len(missing), chunk):  # stored chunk by chunk: a kill loses little
         part = missing[start:start + chunk]
         prompts = [document_prompt(scorer, corpus_text(passages_by_id[d]), by_id[ex].context,
-                                   separator=separator,
-                                   reserve=scorer.count_tokens(by_id[ex].continuation))[0]
+                                   separator=separator, reserve=reserve(ex),
+                                   budget=budget(ex))[0]
                    for ex, d in part]
         conts = [by_id[ex].continuation for ex, _ in part]
         scored = scorer.score_continuations(prompts, conts)
