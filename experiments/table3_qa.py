@@ -5,7 +5,12 @@ Setting: questions from ``nq_gold_passages`` (624 NQ questions with their gold W
 passage); the retrieval corpus is all 624 passages, so the gold passage is always retrievable
 (the paper retrieves from a full Wikipedia dump, which is not available here). The retrieval
 query is the question alone; the LM sees few-shot demonstrations taken from questions outside
-the evaluated set. Usage: ``python -m experiments.table3_qa [--config tiny] [--set k=10]``.
+the evaluated set. With ``corpus_file`` the corpus is that JSONL instead (e.g. the 624 gold
+passages plus distractors, ``prepare_nq --distractors``); with ``demonstrations_file`` the
+demonstrations come from that file (``prepare_nq --shots``). Given an LSR retriever, every
+difference REPLUG LSR − REPLUG (log-likelihood, EM, F1, gold passage in the top k) is reported
+with its paired-bootstrap 95 % interval over questions.
+Usage: ``python -m experiments.table3_qa [--config tiny] [--set k=10]``.
 """
 
 from __future__ import annotations
@@ -32,38 +37,83 @@ from experiments.common import (
 from experiments.configs.table3_qa import CONFIGS
 from experiments.data import load_nq, load_nq_open
 from replug_jax.eval.qa import QAEvaluator
+from replug_jax.eval.stats import format_interval, paired_bootstrap
 from replug_jax.replug import Replug
+from replug_jax.retrieval.corpus import Passage, read_documents
 from replug_jax.retrieval.index import index_in_memory
+from replug_jax.train.data import read_demonstrations
 
 
 def select_questions(cfg, questions: list[str]) -> list[int]:
     """The evaluated questions: the first ``num_questions``, or those of ``question_file``
-    (minus the few-shot demonstrations, which are the last ``shots`` questions)."""
+    (minus the few-shot demonstrations when they are the last ``shots`` questions)."""
     if cfg.question_file:
-        demo_ids = set(range(len(questions) - cfg.shots, len(questions)))
+        demo_ids = (set() if cfg.demonstrations_file
+                    else set(range(len(questions) - cfg.shots, len(questions))))
         return [i for i in load_question_file(cfg.question_file, questions)
                 if i not in demo_ids][:cfg.num_questions]
     return list(range(min(cfg.num_questions, len(questions) - cfg.shots)))
 
 
+def demonstrations(cfg, questions, answers) -> list[tuple[str, str]]:
+    """``shots`` (question, answer) pairs: from ``demonstrations_file``, else the last
+    ``shots`` NQ questions (never evaluated)."""
+    if cfg.demonstrations_file:
+        shots = read_demonstrations(cfg.demonstrations_file)
+        if len(shots) < cfg.shots:
+            raise SystemExit(f"{cfg.demonstrations_file}: {len(shots)} demonstrations, "
+                             f"shots={cfg.shots} asked")
+        return shots[:cfg.shots]
+    return [(questions[-1 - j], answers[-1 - j][0]) for j in range(cfg.shots)]
+
+
+def corpus_from_file(path: str, num_gold: int) -> tuple[list[Passage], dict[int, int]]:
+    """The passages of a JSONL corpus and ``{NQ question index: passage position}`` for the
+    gold passages it holds (records whose id is the question's index, as ``prepare_nq``
+    writes them)."""
+    docs = read_documents(path)
+    passages = [Passage(i, d.text, d.title, d.id, 0, len(d.text)) for i, d in enumerate(docs)]
+    position = {d.id: i for i, d in enumerate(docs)}
+    gold = {q: position[str(q)] for q in range(num_gold) if str(q) in position}
+    return passages, gold
+
+
 def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label: str,
-             progress: bool = True, partial=None) -> dict:
-    """Rows per mode (:class:`replug_jax.eval.qa.QAEvaluator`). ``partial``: a JSONL file of
-    per-question records, appended as they are computed and reused on a rerun, so an
-    interrupted run resumes where it stopped."""
+             progress: bool = True, partial=None, gold_doc=None) -> tuple[dict, dict]:
+    """Rows per mode and their per-question records (:class:`replug_jax.eval.qa.QAEvaluator`).
+    ``partial``: a JSONL file of per-question records, appended as they are computed and
+    reused on a rerun, so an interrupted run resumes where it stopped. ``gold_doc``: question
+    index → gold passage id (default: the passage of the same index, for ``nq_gold``)."""
     retriever = load_retriever(retriever_source)
     index = index_in_memory(passages, retriever)
     pipe = Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
     selected = select_questions(cfg, questions)
     lsr = label != "replug"  # the LSR retriever only changes the REPLUG row
-    return QAEvaluator(
-        questions, answers, selected,
-        demonstrations=[(questions[-1 - j], answers[-1 - j][0]) for j in range(cfg.shots)],
+    if gold_doc is None and cfg.dataset == "nq_gold":
+        gold_doc = {i: i for i in selected}
+    evaluator = QAEvaluator(
+        questions, answers, selected, demonstrations=demonstrations(cfg, questions, answers),
         modes=("replug",) if lsr else cfg.modes, generate_modes=cfg.generate_modes,
-        likelihood=cfg.likelihood, max_new_tokens=cfg.max_new_tokens,
-        gold_doc={i: i for i in selected} if cfg.dataset == "nq_gold" else None,
+        likelihood=cfg.likelihood, max_new_tokens=cfg.max_new_tokens, gold_doc=gold_doc,
         partial=partial, label=label, row_names={"replug": "replug_lsr"} if lsr else None,
-        progress=progress).run(pipe)
+        progress=progress)
+    rows = evaluator.run(pipe)
+    return rows, evaluator.records
+
+
+def lsr_differences(base: list[dict], lsr: list[dict], resamples: int = 10_000) -> dict:
+    """REPLUG LSR − REPLUG per metric measured on both, with paired-bootstrap 95 % intervals
+    over questions (``records`` of the two ``replug`` rows, same questions in order)."""
+    out = {}
+    for key, name in (("loglik", "mean_answer_loglik"), ("em", "exact_match"), ("f1", "f1"),
+                      ("gold_hit", "gold_recall_at_k")):
+        a = [r.get(key) for r in lsr]
+        b = [r.get(key) for r in base]
+        if any(x is None for x in a + b) or not np.all(np.isfinite(np.array(a + b, float))):
+            continue
+        out[name] = paired_bootstrap(np.array(a, float), np.array(b, float),
+                                     resamples=resamples)
+    return out
 
 
 DIFFERENCES = (
@@ -103,25 +153,41 @@ def main(argv=None):
         passages, questions, answers = load_nq()
     else:
         raise SystemExit(f"dataset must be nq_gold or nq_open, got {cfg.dataset!r}")
+    gold_doc = None
+    if cfg.corpus_file:
+        if cfg.dataset != "nq_gold":
+            raise SystemExit("corpus_file replaces the nq_gold corpus; nq_open uses `corpus`")
+        passages, gold = corpus_from_file(cfg.corpus_file, len(questions))
+        gold_doc = {i: gold[i] for i in select_questions(cfg, questions) if i in gold}
     folder = args.out / "table3_qa"
     folder.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
                          ).hexdigest()[:12]
     partial = folder / f".{args.config}.{key}.partial.jsonl"  # same config -> resumes
     with Stopwatch() as sw:
-        rows = evaluate(cfg, cfg.retriever, passages, questions, answers, lm, "replug",
-                        not args.no_progress, partial)
+        rows, records = evaluate(cfg, cfg.retriever, passages, questions, answers, lm,
+                                 "replug", not args.no_progress, partial, gold_doc)
         if cfg.lsr_retriever:
-            rows.update(evaluate(cfg, cfg.lsr_retriever, passages, questions, answers, lm,
-                                 "lsr", not args.no_progress, partial))
+            lsr_rows, lsr_records = evaluate(cfg, cfg.lsr_retriever, passages, questions,
+                                             answers, lm, "lsr", not args.no_progress,
+                                             partial, gold_doc)
+            rows.update(lsr_rows)
+            records.update(lsr_records)
     n = len(select_questions(cfg, questions))
+    differences = (lsr_differences(records["replug"], records["replug_lsr"])
+                   if "replug" in records and "replug_lsr" in records else {})
     payload = {"config": dataclasses.asdict(cfg), "results": rows, "seconds": sw.seconds,
+               "lsr_minus_replug": differences,
+               "predictions": {row: [r.get("prediction") for r in recs]
+                               for row, recs in records.items()
+                               if any("prediction" in r for r in recs)},
                "provenance": provenance(), "questions": n,
                "corpus_passages": len(passages),
                "setting": (f"NQ-open dev questions, corpus '{cfg.corpus}' ({len(passages)} "
                            "Wikipedia passages, most questions' evidence absent)"
                            if cfg.dataset == "nq_open" else
                            "NQ questions with the 624 gold passages as the retrieval corpus")
+               + (f" (+ the rest of {cfg.corpus_file})" if cfg.corpus_file else "")
                + f"; {cfg.shots}-shot plain prompts; query = question"}
 
     def cell(r, key):  # "—" where a mode did not measure it (no generation, no retrieval)
@@ -138,7 +204,11 @@ def main(argv=None):
                               f"LM {cfg.lm}, "
                               f"retriever {cfg.retriever}"
                               + (f", LSR retriever {cfg.lsr_retriever}" if cfg.lsr_retriever
-                                 else "") + f"; {sw.seconds:.0f} s.",
+                                 else "") + f", τ = {cfg.temperature}; {sw.seconds:.0f} s."
+                              + "".join(f"\n\nREPLUG LSR − REPLUG, {name}: "
+                                        f"{format_interval(d)} (paired bootstrap 95 %, "
+                                        f"{d['items']} questions)"
+                                        for name, d in differences.items()),
                         root=args.out, differences=DIFFERENCES)
     fig, ax = new_figure(figsize=(5, 3))
     modes = list(rows)

@@ -118,6 +118,39 @@ def test_table3_qa_tiny(data, tmp_path):
     assert "mean_gold_weight" not in res["results"]["replug"]
 
 
+def test_table3_qa_corpus_file_and_lsr_intervals(data, tmp_path):
+    """A JSONL corpus whose gold passages sit after distractors and out of order (found by
+    id), demonstrations from a file, and the LSR row with paired intervals: the same retriever
+    twice gives differences of exactly zero."""
+    from experiments import table3_qa
+
+    corpus = [{"id": f"d{j}", "text": ARTICLE.format(name=f"River {j}", town=f"Town {j}")}
+              for j in range(3)]
+    corpus += [{"id": str(i), "text": FACTS[i][1]} for i in reversed(range(len(FACTS)))]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    (tmp_path / "dev.jsonl").write_text("".join(
+        json.dumps({"id": f"q{i}", "question": FACTS[i][2], "answer": FACTS[i][0],
+                    "gold_doc": i}) + "\n" for i in (2, 5, 7)))
+    (tmp_path / "demos.jsonl").write_text(json.dumps(
+        {"question": "What colour is the sky on a clear day?", "answer": "blue"}) + "\n")
+    table3_qa.main(["--config", "tiny", "--out", str(tmp_path / "out"), "--no-progress",
+                    "--set", f"corpus_file={tmp_path / 'corpus.jsonl'}",
+                    f"question_file={tmp_path / 'dev.jsonl'}",
+                    f"demonstrations_file={tmp_path / 'demos.jsonl'}", "shots=1",
+                    "lsr_retriever=minilm", 'modes=["replug"]', 'generate_modes=["replug"]',
+                    "max_new_tokens=4"])
+    res = json.loads((tmp_path / "out" / "table3_qa" / "tiny.json").read_text())
+    assert res["questions"] == 3 and res["corpus_passages"] == len(corpus)
+    rows = res["results"]
+    assert rows["replug"]["gold_recall_at_k"] == 1.0  # each gold passage found by its id
+    assert rows["replug_lsr"] == rows["replug"]
+    diffs = res["lsr_minus_replug"]
+    assert set(diffs) == {"mean_answer_loglik", "exact_match", "f1", "gold_recall_at_k"}
+    for d in diffs.values():
+        assert d["difference"] == d["low"] == d["high"] == 0.0 and d["items"] == 3
+    assert len(res["predictions"]["replug"]) == 3
+
+
 def test_table1_and_figure4_tiny(data, tmp_path):
     from experiments import figure4_num_docs, table1_lm
 

@@ -12,6 +12,8 @@ class QAConfig:
     corpus: str = "both"  # nq_open only: nq_passages | wikitext | both (no Wikipedia dump)
     num_questions: int = 100  # the first N (or the first N of question_file)
     question_file: str = ""  # JSONL with gold_doc, e.g. experiments/data/nq/dev.jsonl
+    corpus_file: str = ""  # nq_gold: a JSONL corpus instead of the 624 passages (gold ids kept)
+    demonstrations_file: str = ""  # JSONL few-shot pairs (default: the last `shots` questions)
     shots: int = 4  # paper: 16-shot for NQ
     k: int = 5
     temperature: float = 1.0
@@ -43,6 +45,15 @@ CONFIGS = {
     "lsr_dev_em": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=50,
                            modes=("replug",), generate_modes=("replug",), likelihood=False,
                            lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
+    # The NQ-with-distractors LSR run (lsr_nq:distractors, prepare_nq --distractors): REPLUG
+    # vs REPLUG LSR on the 80 dev questions the τ experiment uses, k = 4 as in training,
+    # likelihood, recall and EM/F1 from one pass per retriever.
+    "lsr_distractors_dev": QAConfig(
+        question_file="experiments/data/nq/dev.jsonl", num_questions=80, k=4,
+        corpus_file="experiments/data/nq/corpus_distractors.jsonl",
+        demonstrations_file="experiments/data/nq/demonstrations.jsonl",
+        modes=("replug",), generate_modes=("replug",),
+        lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
     # NQ-open dev (the literature's test set) against the only Wikipedia text available offline.
     "nq_open100": QAConfig(dataset="nq_open", modes=("none", "replug"), generate_modes=()),
     "nq_open30": QAConfig(dataset="nq_open", num_questions=30, modes=("none", "replug"),

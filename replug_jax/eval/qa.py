@@ -67,7 +67,9 @@ class QAEvaluator:
     the question alone. ``gold_doc`` maps a question index to its gold passage id, when known
     (the gold passage's mean weight λ and recall@k are then reported). With ``partial``, every
     per-question record is appended to that JSONL file as it is computed and reused on a rerun
-    with the same ``label``: an interrupted evaluation resumes where it stopped.
+    with the same ``label``: an interrupted evaluation resumes where it stopped. After ``run``,
+    ``records[row]`` holds each row's per-question records in ``selected`` order (for paired
+    intervals between rows or between runs).
     """
 
     questions: Sequence[str]
@@ -84,6 +86,7 @@ class QAEvaluator:
     row_names: dict | None = None  # mode -> the name of its row (default: the mode)
     progress: bool = True
     name: str = "qa"
+    records: dict = dataclasses.field(default_factory=dict, init=False)
 
     def _question(self, pipe, mode: str, i: int, prompt: str) -> dict:
         question, answers = self.questions[i], list(self.answers[i])
@@ -142,7 +145,9 @@ class QAEvaluator:
                             f.write(json.dumps({"label": self.label, "mode": mode, "i": i,
                                                 **rec}) + "\n")
                 records.append(rec)
-            out[(self.row_names or {}).get(mode, mode)] = summarize_records(records)
+            row = (self.row_names or {}).get(mode, mode)
+            out[row] = summarize_records(records)
+            self.records[row] = records
         return out
 
 
