@@ -94,15 +94,17 @@ class BertLayer(nnx.Module):
         b, length, d = x_BLD.shape
         h = self.cfg.num_heads
 
-        def heads(t):
-            return t.reshape(b, length, h, d // h)
+        def heads(t_BLD):  # [B, H, L, D/H]: batched matmuls over (B, H) need no relayout
+            return t_BLD.reshape(b, length, h, d // h).transpose(0, 2, 1, 3)
 
-        q, k, v = heads(self.query(x_BLD)), heads(self.key(x_BLD)), heads(self.value(x_BLD))
-        logits_BHLS = jnp.einsum("blhd,bshd->bhls", q, k, preferred_element_type=jnp.float32)
+        q_BHLK, k_BHSK, v_BHSK = (heads(self.query(x_BLD)), heads(self.key(x_BLD)),
+                                  heads(self.value(x_BLD)))
+        logits_BHLS = jnp.matmul(q_BHLK, k_BHSK.swapaxes(-1, -2),
+                                 preferred_element_type=jnp.float32)
         logits_BHLS = logits_BHLS / jnp.sqrt(jnp.float32(d // h))
         logits_BHLS = jnp.where(mask_BL[:, None, None, :], logits_BHLS, -1e30)
-        probs = jax.nn.softmax(logits_BHLS, axis=-1).astype(v.dtype)
-        ctx_BLD = jnp.einsum("bhls,bshd->blhd", probs, v).reshape(b, length, d)
+        probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(v_BHSK.dtype)
+        ctx_BLD = jnp.matmul(probs_BHLS, v_BHSK).transpose(0, 2, 1, 3).reshape(b, length, d)
         x_BLD = self.attn_norm(x_BLD + self.attn_out(ctx_BLD))
         ffn = self.output(_act(self.cfg.hidden_act)(self.intermediate(x_BLD)))
         return self.output_norm(x_BLD + ffn)

@@ -131,26 +131,32 @@ class Attention(nnx.Module):
         if cfg.position == "rope":
             q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
             k_BLJD = rope(k_BLJD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
+        # Head-major layout: every attention matmul is batched over (B, J) with no relayout
+        # inside it; the R query heads sharing a KV head are stacked along the rows.
+        k_BJLD = k_BLJD.transpose(0, 2, 1, 3)
+        v_BJLD = v_BLJD.transpose(0, 2, 1, 3)
         if kv_cache is None:
-            k_BSJD, v_BSJD, k_pos_BS = k_BLJD, v_BLJD, q_pos_BL
+            k_BJSD, v_BJSD, k_pos_BS = k_BJLD, v_BJLD, q_pos_BL
             new_kv = None
         else:
-            # The cache of every layer is one [layers, B, S, J, D] buffer; the new keys and
+            # The cache of every layer is one [layers, B, J, S, D] buffer; the new keys and
             # values are written into it in place (no per-step copy of the whole cache).
             k_all, v_all, k_pos_BS, end, layer = kv_cache
-            at = (layer, 0, end, 0, 0)
-            k_all = jax.lax.dynamic_update_slice(k_all, k_BLJD[None].astype(k_all.dtype), at)
-            v_all = jax.lax.dynamic_update_slice(v_all, v_BLJD[None].astype(v_all.dtype), at)
-            k_BSJD, v_BSJD = k_all[layer], v_all[layer]
+            at = (layer, 0, 0, end, 0)
+            k_all = jax.lax.dynamic_update_slice(k_all, k_BJLD[None].astype(k_all.dtype), at)
+            v_all = jax.lax.dynamic_update_slice(v_all, v_BJLD[None].astype(v_all.dtype), at)
+            k_BJSD, v_BJSD = k_all[layer], v_all[layer]
             new_kv = (k_all, v_all)
-        repeats = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head (GQA)
-        q_BLJRD = q_BLHD.reshape(b, length, cfg.num_kv_heads, repeats, cfg.head_dim)
-        logits_BJRLS = jnp.einsum("bljrd,bsjd->bjrls", q_BLJRD, k_BSJD,
-                                  preferred_element_type=jnp.float32)
-        logits_BJRLS = logits_BJRLS / jnp.sqrt(jnp.float32(cfg.head_dim))
+        j, r, hd = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+        q_BJMD = (q_BLHD.reshape(b, length, j, r, hd).transpose(0, 2, 3, 1, 4)
+                  .reshape(b, j, r * length, hd))  # M = R·L rows per KV head (GQA)
+        logits_BJMS = jnp.matmul(q_BJMD, k_BJSD.swapaxes(-1, -2),
+                                 preferred_element_type=jnp.float32)
+        logits_BJRLS = logits_BJMS.reshape(b, j, r, length, -1) / jnp.sqrt(jnp.float32(hd))
         mask_B11LS = attention_mask(q_pos_BL, k_pos_BS)[:, None, None]
         probs = jax.nn.softmax(jnp.where(mask_B11LS, logits_BJRLS, _MASKED), axis=-1)
-        out_BLJRD = jnp.einsum("bjrls,bsjd->bljrd", probs.astype(v_BSJD.dtype), v_BSJD)
+        out_BJMD = jnp.matmul(probs.reshape(b, j, r * length, -1).astype(v_BJSD.dtype), v_BJSD)
+        out_BLJRD = out_BJMD.reshape(b, j, r, length, hd).transpose(0, 3, 1, 2, 4)
         return self.o(out_BLJRD.reshape(b, length, cfg.num_heads * cfg.head_dim)), new_kv
 
 
@@ -234,7 +240,7 @@ class CausalLM(nnx.Module):
 
 def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype=jnp.float32):
     """An empty KV cache for ``batch`` sequences of up to ``max_len`` tokens in total."""
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
             "pos": jnp.full((batch, max_len), -1, jnp.int32), "end": jnp.zeros((), jnp.int32)}
 
