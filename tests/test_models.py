@@ -16,6 +16,7 @@ from replug_jax.models import (
     load_lm,
     load_retriever,
     pool,
+    target_logprobs,
     token_logprobs,
 )
 from tests._models import (
@@ -206,6 +207,13 @@ def test_llama_hf_layout_tiny_random(tmp_path, rope):
     with torch.no_grad():
         theirs = ref(torch.tensor(ids, dtype=torch.long)).logits.numpy()
     assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4
+    # Scoring projects a slice of rows at a time: the log-probs of the full logits.
+    x_BLD, _ = lm.model.hidden(jnp.asarray(ids), jnp.broadcast_to(jnp.arange(40), (2, 40)))
+    targets = np.roll(ids, -1, axis=1)
+    want = token_logprobs(jnp.asarray(theirs), jnp.asarray(targets))
+    for rows in (1, 2):
+        got = target_logprobs(lm.model, x_BLD, jnp.asarray(targets), rows)
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 # -- GPT-2 --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from replug_jax.lm.scorer import (
     Timer,
     stop_position,
 )
-from replug_jax.models import LanguageModel, init_cache, load_lm
+from replug_jax.models import LanguageModel, init_cache, load_lm, target_logprobs
 
 LENGTH_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
 
@@ -70,9 +70,9 @@ class FlaxLM:
 
         @jax.jit
         def score_fn(state, tokens_BL, positions_BL, targets_BL):
-            logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL)
-            logp = jax.nn.log_softmax(logits, axis=-1)
-            return jnp.take_along_axis(logp, targets_BL[..., None], axis=-1)[..., 0]
+            model = nnx.merge(graphdef, state)
+            x_BLD, _ = model.hidden(tokens_BL, positions_BL)
+            return target_logprobs(model, x_BLD, targets_BL)
 
         @jax.jit
         def last_fn(state, tokens_BL, positions_BL, last_B):
