@@ -360,7 +360,7 @@ def _cmd_train_lsr(args) -> int:
 def _cmd_export_retriever(args) -> int:
     from replug_jax.train.export import export_run
 
-    out, step = export_run(args.workdir, args.out)
+    out, step = export_run(args.workdir, args.out, args.step)
     _emit(args, {"out": str(out), "step": step}, f"exported step {step} -> {out}")
     return 0
 
@@ -569,9 +569,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=_cmd_train_lsr)
 
     ex = sub.add_parser("export-retriever", help="write a trained retriever in HF layout",
-                        description="Export the latest checkpoint of an LSR run as a "
-                        "transformers-loadable BERT folder with a model card.")
+                        description="Export the latest checkpoint of an LSR run (or the "
+                        "one of --step) as a transformers-loadable BERT folder with a model "
+                        "card.")
     ex.add_argument("--workdir", required=True, type=pathlib.Path, help="the LSR run directory")
+    ex.add_argument("--step", type=int, default=None,
+                    help="export the checkpoint saved at this step (default: the newest; "
+                         "keep_checkpoints decides which are kept)")
     ex.add_argument("--out", required=True, type=pathlib.Path,
                     help="output folder, e.g. checkpoints/minilm-lsr-nq")
     _add_json(ex)

@@ -181,6 +181,16 @@ def test_eight_devices_equal_one(tmp_path):
 def test_workdir_from_another_config_and_corrupt_checkpoint(tmp_path):
     t = make_trainer(tmp_path, cfg=dataclasses.replace(BASE, total_steps=4))
     t.run()
+    # Any kept checkpoint restores, not only the newest (export-retriever --step: a dev
+    # curve over a run's steps).
+    from replug_jax.train.checkpoint import Checkpoints
+
+    kept = Checkpoints(tmp_path / "run" / "checkpoints", BASE.keep_checkpoints)
+    step, state, meta = kept.restore(t.state, step=2)
+    assert step == meta["step"] == 2 and int(state.step) == 2
+    assert int(kept.restore(t.state)[1].step) == 4
+    with pytest.raises(ValueError, match="no checkpoint at step 3"):
+        kept.restore(t.state, step=3)
     with pytest.raises(CheckpointMismatch, match="differs in: gamma"):
         make_trainer(tmp_path, cfg=dataclasses.replace(BASE, gamma=0.5))
     ckpts = tmp_path / "run" / "checkpoints"

@@ -38,12 +38,19 @@ class Checkpoints:
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         self.manager.wait_until_finished()
 
-    def restore(self, like: TrainState) -> tuple[int, TrainState | None, dict | None]:
-        """``(step, state, meta)`` of the newest readable checkpoint, shaped and sharded like
-        ``like``; ``(0, None, None)`` when there is none."""
+    def restore(self, like: TrainState, step: int | None = None
+                ) -> tuple[int, TrainState | None, dict | None]:
+        """``(step, state, meta)`` of the newest readable checkpoint (or of ``step``, which
+        must exist and be readable), shaped and sharded like ``like``; ``(0, None, None)``
+        when there is none."""
         import orbax.checkpoint as ocp
 
         steps = sorted(self.manager.all_steps(), reverse=True)
+        if step is not None:
+            if step not in steps:
+                raise ValueError(f"{self.directory}: no checkpoint at step {step} "
+                                 f"(saved: {sorted(steps)})")
+            steps = [step]
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         for i, step in enumerate(steps):
             try:

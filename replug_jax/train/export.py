@@ -35,15 +35,17 @@ def retriever_settings(cfg: LSRConfig) -> dict:
             "doc_max_length": cfg.doc_max_length, "trained_from": cfg.retriever}
 
 
-def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path
-               ) -> tuple[pathlib.Path, int]:
-    """The newest checkpoint of ``workdir`` as a retriever folder; returns ``(path, step)``."""
+def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
+               step: int | None = None) -> tuple[pathlib.Path, int]:
+    """The newest checkpoint of ``workdir`` (or the one of ``step``) as a retriever folder;
+    returns ``(path, step)``."""
     workdir = pathlib.Path(workdir)
     cfg = saved_config(workdir)
     model = load_retriever(cfg.retriever)
     graphdef, template, params = split_params(model.encoder)
     like = init_state(params, make_optimizer(cfg))
-    step, state, _ = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints).restore(like)
+    step, state, _ = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints).restore(
+        like, step)
     if state is None:
         raise ValueError(f"{workdir}: no checkpoint to export")
     encoder = to_module(graphdef, template, jax.device_get(state.params))
