@@ -148,6 +148,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     cfg = pick_config(CONFIGS, args.config, args.set)
     retrievers = parse_retrievers(cfg.retrievers)
+    if cfg.steps and (len(cfg.steps) != len(retrievers) or cfg.dataset != "wikitext"):
+        raise ValueError(f"steps gives one training step per retriever of a wikitext run: "
+                         f"{len(cfg.steps)} steps for {len(retrievers)} retrievers")
     if cfg.record and cfg.record not in dict(retrievers):
         raise ValueError(f"record={cfg.record!r} names no retriever of {cfg.retrievers}")
     work = pathlib.Path(cfg.workdir) / args.config
@@ -206,6 +209,15 @@ def main(argv=None):
     payload = {"config": {k: v for k, v in vars(cfg).items()}, "examples": len(num_bytes),
                "lm_alone": metric(cfg, plain, num_bytes), "fits": fits, "recall": recalls,
                "rows": {}, "seconds": sw.seconds, "provenance": provenance()}
+    if "fit" in data:  # the dev articles at τ = 1: where a training curve is read
+        dev_bytes = np.array([len(t.encode("utf-8")) for t in data["fit"]["targets"]],
+                             np.int64)
+        dev_ll = {label: mixture_logliks(caches[label]["fit"], 1.0) for label, _ in retrievers}
+        payload["dev"] = {label: {"metric": metric(cfg, ll, dev_bytes), "windows": len(ll),
+                                  **({"vs_base": difference(cfg, ll, dev_ll[base_label],
+                                                            dev_bytes)}
+                                     if label != base_label else {})}
+                          for label, ll in dev_ll.items()}
     name = "mean gold-answer log-lik" if cfg.dataset == "nq" else "bits per byte"
     table.append(("LM alone", "—", f"{payload['lm_alone']:.4f}", "", ""))
     for label, per in rows.items():
@@ -239,9 +251,16 @@ def main(argv=None):
                + ("Higher is better." if cfg.dataset == "nq" else "Lower is better.")
                + (" Recall of the gold passage: " + "; ".join(
                    f"{label} {recall_text(r)}" for label, r in recalls.items())
-                   if recalls else "")),
+                   if recalls else "")
+               + (" Dev articles at τ = 1 (bits per byte): " + "; ".join(
+                   f"{label} {d['metric']:.4f}"
+                   + (f" ({format_interval(d['vs_base'], 4)} vs {base_label})"
+                      if "vs_base" in d else "")
+                   for label, d in payload["dev"].items()) + "." if "dev" in payload else "")),
         root=args.out, differences=DIFFERENCES)
     plot(cfg, rows, payload, out / f"{args.config}.png", name)
+    if cfg.steps:
+        plot_curve(cfg, retrievers, payload, out / f"{args.config}_curve.png")
     if cfg.record:
         record(cfg, dict(retrievers)[cfg.record], cfg.record, fits[cfg.record], payload, name,
                args.config)
@@ -268,6 +287,20 @@ def plot(cfg, rows, payload, path, name):
     ax.set_xlabel("inference temperature τ")
     ax.set_ylabel(name)
     ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def plot_curve(cfg, retrievers, payload, path):
+    """Dev and test bits per byte (τ = 1) of each retriever against its LSR training step."""
+    labels = [label for label, _ in retrievers]
+    fig, ax = new_figure(figsize=(5, 3.2))
+    ax.plot(cfg.steps, [payload["dev"][lb]["metric"] for lb in labels], marker="o",
+            label="dev articles")
+    ax.plot(cfg.steps, [payload["rows"][f"{lb}/1.0"]["metric"] for lb in labels], marker="s",
+            label="test articles")
+    ax.set_xlabel("LSR training step")
+    ax.set_ylabel("REPLUG bits per byte (τ = 1)")
+    ax.legend(fontsize=8)
     save_figure(fig, path)
 
 

@@ -251,7 +251,12 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
     inference_temperature.main([
         "--config", "tiny_wikitext", "--out", str(out), "--no-progress", "--set",
         f"corpus={wiki}/corpus.jsonl", f"fit_articles={wiki}/dev.jsonl",
-        f"test_articles={wiki}/test.jsonl", f"workdir={tmp_path}/work"])
+        f"test_articles={wiki}/test.jsonl", f"workdir={tmp_path}/work",
+        'retrievers=["base=minilm", "again=minilm"]', "steps=[0, 1]"])
     res = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
     assert 0 < res["rows"]["base/1.0"]["metric"] < 10  # bits per byte
     assert (out / "inference_temperature" / "tiny_wikitext.png").stat().st_size > 0
+    # The dev curve: dev bits per byte per retriever; the same retriever twice differs by 0.
+    assert 0 < res["dev"]["base"]["metric"] == res["dev"]["again"]["metric"] < 10
+    assert res["dev"]["again"]["vs_base"]["difference"] == 0
+    assert (out / "inference_temperature" / "tiny_wikitext_curve.png").stat().st_size > 0

@@ -31,6 +31,9 @@ class TemperatureConfig:
     max_windows_per_document: int = 2
     num_examples: int = 80  # cap on questions / windows per split (0 = all)
     record: str = "lsr"  # write the fitted τ into this retriever's folder ("" = none)
+    # wikitext: the LSR training step of each retriever, in order (e.g. checkpoints exported
+    # with `replug export-retriever --step`): dev and test bits per byte against the step
+    steps: tuple = ()
     workdir: str = "runs/inference_temperature"  # branch caches (resumable)
     bootstrap_resamples: int = 10_000
     seed: int = 0
@@ -43,6 +46,14 @@ _WIKI = dict(dataset="wikitext", corpus="experiments/data/wikitext/corpus.jsonl"
 CONFIGS = {
     "nq": TemperatureConfig(),
     "wikitext": TemperatureConfig(**_WIKI),
+    # The language-modelling LSR run's dev curve: its checkpoints at steps 4 and 8 exported
+    # with `replug export-retriever --workdir runs/lsr_wikitext --step N --out
+    # runs/lsr_wikitext_stepN`, between the base retriever (step 0) and the release (step 12).
+    "wikitext_curve": TemperatureConfig(**{
+        **_WIKI, "retrievers": ("base=minilm", "step4=runs/lsr_wikitext_step4",
+                                "step8=runs/lsr_wikitext_step8",
+                                "lsr=checkpoints/replug-lsr-minilm-wikitext")},
+        steps=(0, 4, 8, 12), record=""),
     # CI: seconds (the packaged retriever under two labels, a few examples).
     "tiny": TemperatureConfig(retrievers=("base=minilm",), k=2, num_examples=4,
                               temperatures=(1.0, 0.1), record="", bootstrap_resamples=200),
