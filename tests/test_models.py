@@ -357,3 +357,32 @@ def test_bfloat16_path_within_its_stated_tolerance_of_float32():
     nbytes = len(BF16_TEXT.encode())
     bpb = {k: -v.sum() / (math.log(2) * nbytes) for k, v in logprobs.items()}
     assert abs(bpb["bfloat16"] - bpb["float32"]) <= 0.01 * bpb["float32"]
+
+
+def test_xla_cpu_defaults_added_once_and_never_over_the_users_flags():
+    """Importing replug_jax adds the YNNPACK dot flag on verified jaxlib releases only, keeps
+    flags the user set, and adds nothing when opted out."""
+    import os
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    import replug_jax
+
+    def flags(**env):
+        out = subprocess.run([sys.executable, "-c", "import os, replug_jax; "
+                              "print(os.environ.get('XLA_FLAGS', ''))"],
+                             env={**{k: v for k, v in os.environ.items()
+                                     if k not in ("XLA_FLAGS", "REPLUG_XLA_CPU_DEFAULTS")},
+                                  **env}, capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+
+    ynn = "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
+    verified = tuple(int(x) for x in version("jaxlib").split(".")[:2]) in \
+        replug_jax._YNN_VERIFIED
+    assert flags() == (ynn if verified else "")
+    assert flags(XLA_FLAGS="--xla_cpu_enable_fast_math=false") == (
+        "--xla_cpu_enable_fast_math=false" + (f" {ynn}" if verified else ""))
+    mine = "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT"
+    assert flags(XLA_FLAGS=mine) == mine
+    assert flags(REPLUG_XLA_CPU_DEFAULTS="0") == ""
