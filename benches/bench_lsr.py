@@ -34,6 +34,17 @@ def bert_train_flops(cfg, tokens: int) -> float:
     return 6.0 * per_token * tokens
 
 
+def synthetic_batch(b: int, k: int, lq: int, ld: int, vocab: int, seed: int = 0) -> dict:
+    """A full LSR batch of random token ids (no padding) and LM scores, fixed by ``seed``."""
+    rng = np.random.default_rng(seed)
+    return {"query_ids": rng.integers(1000, vocab, (b, lq)).astype(np.int32),
+            "query_mask": np.ones((b, lq), np.int32),
+            "doc_ids": rng.integers(1000, vocab, (b, k, ld)).astype(np.int32),
+            "doc_mask": np.ones((b, k, ld), np.int32),
+            "doc_valid": np.ones((b, k), bool),
+            "lm_scores": rng.normal(-2.0, 0.5, (b, k)).astype(np.float32)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,15 +74,8 @@ def main(argv=None):
     tx = make_optimizer(cfg)
     step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
                               retriever.normalize)
-    rng = np.random.default_rng(0)
     b, k, lq, ld = args.batch, args.k, args.query_len, args.doc_len
-    vocab = retriever.model.config.vocab_size
-    batch = {"query_ids": rng.integers(1000, vocab, (b, lq)).astype(np.int32),
-             "query_mask": np.ones((b, lq), np.int32),
-             "doc_ids": rng.integers(1000, vocab, (b, k, ld)).astype(np.int32),
-             "doc_mask": np.ones((b, k, ld), np.int32),
-             "doc_valid": np.ones((b, k), bool),
-             "lm_scores": rng.normal(-2.0, 0.5, (b, k)).astype(np.float32)}
+    batch = synthetic_batch(b, k, lq, ld, retriever.model.config.vocab_size)
     state = {"s": init_state(params, tx)}
 
     def ours():

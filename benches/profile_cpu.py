@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from benches.bench_lsr import synthetic_batch
 from benches.common import best_time, write
 
 
@@ -33,14 +34,7 @@ def lsr_stages(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> dict:
     tx = make_optimizer(cfg)
     step, scores_fn = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
                                       retriever.normalize)
-    rng = np.random.default_rng(0)
-    vocab = retriever.model.config.vocab_size
-    batch = {"query_ids": rng.integers(1000, vocab, (b, lq)).astype(np.int32),
-             "query_mask": np.ones((b, lq), np.int32),
-             "doc_ids": rng.integers(1000, vocab, (b, k, ld)).astype(np.int32),
-             "doc_mask": np.ones((b, k, ld), np.int32),
-             "doc_valid": np.ones((b, k), bool),
-             "lm_scores": rng.normal(-2.0, 0.5, (b, k)).astype(np.float32)}
+    batch = synthetic_batch(b, k, lq, ld, retriever.model.config.vocab_size)
     grad = jax.jit(jax.value_and_grad(lambda p, bt: lsr_loss(
         scores_fn(p, bt), bt["lm_scores"], cfg.gamma, cfg.beta, bt["doc_valid"])))
     state = {"s": init_state(params, tx)}
