@@ -102,9 +102,10 @@ def examples(cfg, lm, split: str, passages) -> dict:
             "ids": [f"{w.source_id}@{w.target_span[0]}" for w in windows], "gold": None}
 
 
-def score_split(pipe: Replug, data: dict, path: pathlib.Path, mode: str, progress: bool,
-                batch: int = 4):
-    """Branch cache (mode replug) or ``[N]`` log-likelihoods (mode none), cached at ``path``."""
+def score_split(pipe: Replug | None, data: dict, path: pathlib.Path, mode: str,
+                progress: bool, batch: int = 4):
+    """Branch cache (mode replug) or ``[N]`` log-likelihoods (mode none), cached at ``path``
+    (``pipe`` may be None only when it is)."""
     from tqdm.auto import tqdm
 
     if path.exists():
@@ -166,13 +167,17 @@ def main(argv=None):
         plain = score_split(Replug(lm, mode="none"), report, work / "lm_alone.npy", "none",
                             progress)
         caches, hits_at = {}, {}
+        with_gold = report["gold"] is not None and all(g is not None for g in report["gold"])
         for label, source in retrievers:
             retriever = Retriever.load(source)
-            pipe = Replug(lm, retriever, index_in_memory(passages, retriever),
-                          k=cfg.k, temperature=1.0)
-            caches[label] = {s: score_split(pipe, data[s], work / f"{label}_{s}.npz", "replug",
-                                            progress) for s in splits}
-            if report["gold"] is not None and all(g is not None for g in report["gold"]):
+            paths = {s: work / f"{label}_{s}.npz" for s in splits}
+            pipe = None  # the corpus is embedded only when a split is not cached yet
+            if with_gold or not all(path.exists() for path in paths.values()):
+                pipe = Replug(lm, retriever, index_in_memory(passages, retriever),
+                              k=cfg.k, temperature=1.0)
+            caches[label] = {s: score_split(pipe, data[s], paths[s], "replug", progress)
+                             for s in splits}
+            if with_gold:
                 hits = pipe.index.search(retriever.encode_queries(report["queries"]), 5)
                 hits_at[label] = {f"recall@{r}": np.array(
                     [g in row[:r] for g, row in zip(report["gold"], hits.ids)], np.float64)

@@ -260,3 +260,13 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
     assert 0 < res["dev"]["base"]["metric"] == res["dev"]["again"]["metric"] < 10
     assert res["dev"]["again"]["vs_base"]["difference"] == 0
     assert (out / "inference_temperature" / "tiny_wikitext_curve.png").stat().st_size > 0
+    # A rerun reads every branch from the cache: no corpus embedding, the same numbers.
+    monkeypatch.setattr(inference_temperature, "index_in_memory",
+                        lambda *a, **k: pytest.fail("embedded a corpus whose branches are cached"))
+    inference_temperature.main([
+        "--config", "tiny_wikitext", "--out", str(out), "--no-progress", "--set",
+        f"corpus={wiki}/corpus.jsonl", f"fit_articles={wiki}/dev.jsonl",
+        f"test_articles={wiki}/test.jsonl", f"workdir={tmp_path}/work",
+        'retrievers=["base=minilm", "again=minilm"]', "steps=[0, 1]"])
+    again = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
+    assert again["rows"] == res["rows"] and again["dev"] == res["dev"]
