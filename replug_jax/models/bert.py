@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from replug_jax.models.layers import fused_linear
+
 Pooling = Literal["mean", "cls"]
 
 
@@ -97,8 +99,8 @@ class BertLayer(nnx.Module):
         def heads(t_BLD):  # [B, H, L, D/H]: batched matmuls over (B, H) need no relayout
             return t_BLD.reshape(b, length, h, d // h).transpose(0, 2, 1, 3)
 
-        q_BHLK, k_BHSK, v_BHSK = (heads(self.query(x_BLD)), heads(self.key(x_BLD)),
-                                  heads(self.value(x_BLD)))
+        q_BHLK, k_BHSK, v_BHSK = map(heads, fused_linear(x_BLD, self.query, self.key,
+                                                         self.value))
         logits_BHLS = jnp.matmul(q_BHLK, k_BHSK.swapaxes(-1, -2),
                                  preferred_element_type=jnp.float32)
         logits_BHLS = logits_BHLS / jnp.sqrt(jnp.float32(d // h))
