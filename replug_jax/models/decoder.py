@@ -24,8 +24,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from replug_jax.models.layers import fused_linear
+
 # Finite, so padded rows stay finite: exp(_MASKED - max) underflows to exactly 0.
 _MASKED = -1e30
+# Projections of one input are fused into one matmul from this many tokens per call on
+# (prefill, scoring); decoding steps keep one matmul per weight (see fused_linear).
+_FUSE_MIN_TOKENS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,9 +130,11 @@ class Attention(nnx.Module):
     def __call__(self, x_BLD, q_pos_BL, kv_cache):
         cfg = self.cfg
         b, length, _ = x_BLD.shape
-        q_BLHD = self.q(x_BLD).reshape(b, length, cfg.num_heads, cfg.head_dim)
-        k_BLJD = self.k(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
-        v_BLJD = self.v(x_BLD).reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
+        q_BLE, k_BLE, v_BLE = fused_linear(x_BLD, self.q, self.k, self.v,
+                                           min_tokens=_FUSE_MIN_TOKENS)
+        q_BLHD = q_BLE.reshape(b, length, cfg.num_heads, cfg.head_dim)
+        k_BLJD = k_BLE.reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
+        v_BLJD = v_BLE.reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
         if cfg.position == "rope":
             q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
             k_BLJD = rope(k_BLJD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
@@ -175,7 +182,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BLD):
         if self.kind == "swiglu":
-            return self.down(jax.nn.silu(self.gate(x_BLD)) * self.up(x_BLD))
+            gate_BLF, up_BLF = fused_linear(x_BLD, self.gate, self.up,
+                                            min_tokens=_FUSE_MIN_TOKENS)
+            return self.down(jax.nn.silu(gate_BLF) * up_BLF)
         return self.down(jax.nn.gelu(self.up(x_BLD), approximate=True))
 
 
