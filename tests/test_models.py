@@ -90,6 +90,50 @@ def test_bert_parity_tiny_random_and_export_round_trip(tmp_path):
                                atol=1e-6)
 
 
+@pytest.mark.torch
+def test_bert_gradients_equal_pytorch_autograd(tmp_path):
+    """The encoder's parameter gradients (our dense backward with serialised dx/dW/db, the
+    fused Q/K/V projection) against PyTorch autograd on the same weights and loss."""
+    import jax
+
+    from replug_jax.models.params import split_params, to_module
+
+    torch = torch_or_skip()
+    from transformers import BertModel
+
+    directory = save_tiny_bert(tmp_path / "tiny")
+    retriever = load_retriever(str(directory))
+    ids, mask = _padded_batch(np.random.default_rng(2), [3, 17, 40], 40, 30522)
+    weights_D = np.random.default_rng(3).standard_normal(32).astype(np.float32)
+    graphdef, template, params = split_params(retriever.encoder)
+
+    def loss(p):
+        hidden = to_module(graphdef, template, p)(jnp.asarray(ids), jnp.asarray(mask))
+        return jnp.sum(jnp.tanh(pool(hidden, jnp.asarray(mask))) @ weights_D)
+
+    grads = jax.jit(jax.grad(loss))(params)
+    model = BertModel.from_pretrained(str(directory)).eval()
+    hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                   attention_mask=torch.tensor(mask)).last_hidden_state
+    m = torch.tensor(mask, dtype=torch.float32)[..., None]
+    (torch.tanh((hidden * m).sum(1) / m.sum(1)) @ torch.from_numpy(weights_D)).sum().backward()
+    prefix = "encoder.layer.{}.attention.self."
+    for i in range(2):
+        layer = grads["layers"][i]
+        theirs = dict(model.named_parameters())
+        for ours, name in (("query", prefix + "query"), ("value", prefix + "value"),
+                           ("intermediate", "encoder.layer.{}.intermediate.dense"),
+                           ("output", "encoder.layer.{}.output.dense")):
+            ref_w = theirs[name.format(i) + ".weight"].grad.numpy().T
+            ref_b = theirs[name.format(i) + ".bias"].grad.numpy()
+            scale = np.abs(ref_w).max()
+            assert scale > 0
+            np.testing.assert_allclose(np.asarray(layer[ours]["kernel"]), ref_w,
+                                       atol=1e-4 * scale)
+            np.testing.assert_allclose(np.asarray(layer[ours]["bias"]), ref_b,
+                                       atol=1e-4 * np.abs(ref_b).max())
+
+
 # -- Llama (SmolLM2 from the GGUF) ---------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -107,8 +107,9 @@ class BertLayer(nnx.Module):
         logits_BHLS = jnp.where(mask_BL[:, None, None, :], logits_BHLS, -1e30)
         probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(v_BHSK.dtype)
         ctx_BLD = jnp.matmul(probs_BHLS, v_BHSK).transpose(0, 2, 1, 3).reshape(b, length, d)
-        x_BLD = self.attn_norm(x_BLD + self.attn_out(ctx_BLD))
-        ffn = self.output(_act(self.cfg.hidden_act)(self.intermediate(x_BLD)))
+        x_BLD = self.attn_norm(x_BLD + fused_linear(ctx_BLD, self.attn_out)[0])
+        ffn = fused_linear(_act(self.cfg.hidden_act)(fused_linear(x_BLD, self.intermediate)[0]),
+                           self.output)[0]
         return self.output_norm(x_BLD + ffn)
 
 
