@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from replug_jax.models.layers import fused_linear
+from replug_jax.models.layers import fused_linear, linear
 
 Pooling = Literal["mean", "cls"]
 
@@ -114,9 +114,8 @@ class BertLayer(nnx.Module):
         logits_BHLS = jnp.where(mask_BL[:, None, None, :], logits_BHLS, -1e30)
         probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(v_BHSK.dtype)
         ctx_BLD = jnp.matmul(probs_BHLS, v_BHSK).transpose(0, 2, 1, 3).reshape(b, length, d)
-        x_BLD = self.attn_norm(x_BLD + fused_linear(ctx_BLD, self.attn_out)[0])
-        ffn = fused_linear(_act(self.cfg.hidden_act)(fused_linear(x_BLD, self.intermediate)[0]),
-                           self.output)[0]
+        x_BLD = self.attn_norm(x_BLD + linear(ctx_BLD, self.attn_out))
+        ffn = linear(_act(self.cfg.hidden_act)(linear(x_BLD, self.intermediate)), self.output)
         return self.output_norm(x_BLD + ffn)
 
 

@@ -67,3 +67,8 @@ def fused_linear(x_BLD, *linears: nnx.Linear, min_tokens: int = 0):
     y_BLE = dense(x_ND, kernel_DE, bias_E).reshape(*x_BLD.shape[:-1], -1)
     sizes = [lin.kernel.shape[1] for lin in linears]
     return jnp.split(y_BLE, list(itertools.accumulate(sizes[:-1])), axis=-1)
+
+
+def linear(x_BLD, layer: nnx.Linear):
+    """``layer(x_BLD)`` through :func:`dense` (its serialised backward)."""
+    return fused_linear(x_BLD, layer)[0]
