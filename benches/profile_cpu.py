@@ -2,14 +2,28 @@
 (forward, forward + backward, full step with the optimizer), then the f32 matmul shapes of a
 MiniLM layer and its attention, forward and backward forms, in GFLOP/s.
 
-Usage: ``python -m benches.profile_cpu``. Writes ``results/profile_cpu.{json,md}``; the
-reading is in ``benches/README.md``.
+With ``--trace``, ours alone, op by op: one LSR gradient under ``jax.profiler``, each XLA
+thunk's time summed by kind (forward or backward, the fusion's kind and the JAX op it came
+from), and every matmul shape's time and GFLOP/s in the step. Matmuls that XLA:CPU hands to
+Eigen (``dot.N`` thunks, e.g. the weight gradients) run asynchronously and their recorded time
+is only their launch; YNNPACK matmuls (``ynn_fusion.N``) are timed whole.
+
+Usage: ``python -m benches.profile_cpu [--trace]``. Writes ``results/profile_cpu.{json,md}``
+(``profile_cpu_trace.{json,md}`` with ``--trace``); the reading is in ``benches/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import gzip
+import json
+import math
 import os
+import pathlib
+import re
+import tempfile
+import types
 
 import numpy as np
 
@@ -17,16 +31,15 @@ from benches.bench_lsr import synthetic_batch
 from benches.common import best_time, write
 
 
-def lsr_stages(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> dict:
+def lsr_setup(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> types.SimpleNamespace:
+    """Our LSR step on a synthetic batch: ``cfg, tx, step, scores_fn, grad`` (the loss
+    gradient, jitted), ``params`` and ``batch``."""
     import jax
-    import torch
-    from transformers import BertModel
 
     from replug_jax.core.losses import lsr_loss
-    from replug_jax.models.weights import resolve
     from replug_jax.retrieval.encoder import Retriever
     from replug_jax.train.config import LSRConfig
-    from replug_jax.train.lsr import init_state, make_optimizer, make_train_step, split_params
+    from replug_jax.train.lsr import make_optimizer, make_train_step, split_params
 
     retriever = Retriever.load("minilm")
     cfg = LSRConfig(retriever="minilm", k=k, batch_size=b, total_steps=1000)
@@ -34,10 +47,25 @@ def lsr_stages(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> dict:
     tx = make_optimizer(cfg)
     step, scores_fn = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
                                       retriever.normalize)
-    batch = synthetic_batch(b, k, lq, ld, retriever.model.config.vocab_size)
     grad = jax.jit(jax.value_and_grad(lambda p, bt: lsr_loss(
         scores_fn(p, bt), bt["lm_scores"], cfg.gamma, cfg.beta, bt["doc_valid"])))
-    state = {"s": init_state(params, tx)}
+    return types.SimpleNamespace(
+        cfg=cfg, tx=tx, step=step, scores_fn=scores_fn, grad=grad, params=params,
+        batch=synthetic_batch(b, k, lq, ld, retriever.model.config.vocab_size))
+
+
+def lsr_stages(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> dict:
+    import jax
+    import torch
+    from transformers import BertModel
+
+    from replug_jax.models.weights import resolve
+    from replug_jax.train.lsr import init_state
+
+    s = lsr_setup(b, k, lq, ld)
+    cfg, step, scores_fn, grad, params, batch = (s.cfg, s.step, s.scores_fn, s.grad, s.params,
+                                                 s.batch)
+    state = {"s": init_state(params, s.tx)}
 
     def full():
         state["s"], metrics = step(state["s"], batch)
@@ -84,6 +112,65 @@ def lsr_stages(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> dict:
     return {"ours_s": ours, "torch_s": theirs}
 
 
+def trace_ops(runs: int = 2) -> dict:
+    """One LSR gradient op by op (module docstring): thunk time by kind, matmuls by shape."""
+    import jax
+
+    s = lsr_setup()
+    grad, params, batch = s.grad, s.params, s.batch
+    wall = best_time(lambda: jax.block_until_ready(grad(params, batch)))
+    hlo = grad.lower(params, batch).compile().as_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp, create_perfetto_trace=True):
+            for _ in range(runs):
+                jax.block_until_ready(grad(params, batch))
+        trace_file = next(pathlib.Path(tmp).rglob("*.trace.json.gz"))
+        events = json.loads(gzip.decompress(trace_file.read_bytes()))["traceEvents"]
+    instructions = {m.group(1): m.group(0) for m in re.finditer(
+        r"^\s+%(\S+) = \S+ \w+\(.*$", hlo, re.M)}
+    by_kind, by_dot = collections.Counter(), collections.defaultdict(lambda: [0.0, 0.0])
+    for e in events:
+        line = instructions.get(e.get("name")) if e.get("ph") == "X" else None
+        if line is None:
+            continue
+        ms = e["dur"] / 1e3 / runs
+        op = re.search(r'op_name="([^"]*)"', line)
+        op = op.group(1) if op else ""
+        direction = "backward" if "transpose(jvp(" in op else "forward"
+        dot = _dot_of(e["name"], line, hlo)
+        kind = "matmul" if dot else e["name"].rsplit(".", 1)[0]
+        by_kind[f"{direction} {kind} ({op.rsplit('/', 1)[-1] or '-'})"] += ms
+        if dot:
+            by_dot[dot[0]][0] += ms
+            by_dot[dot[0]][1] += dot[1] / runs
+    dots = {shape: {"ms": ms, "gflops_per_s": flops / ms / 1e6}
+            for shape, (ms, flops) in sorted(by_dot.items(), key=lambda kv: -kv[1][0])}
+    return {"gradient_wall_s": wall, "thunk_ms": dict(by_kind.most_common()), "matmuls": dots}
+
+
+def _dot_of(name: str, line: str, hlo: str):
+    """``(shape text, FLOPs)`` of the matmul a thunk runs, or None if it runs none."""
+    called = re.search(r"calls=%([\w.\-]+)", line)
+    body = line
+    if called:
+        found = re.search(r"^%" + re.escape(called.group(1)) + r" .*?\n}\n", hlo, re.M | re.S)
+        body = found.group(0) if found else ""
+    dot = re.search(r"= (f32\[[\d,]*\])\S* dot\(%(\S+), %(\S+)\), (.*?)(?:, metadata|$)",
+                    body, re.M)
+    if not dot:
+        return None
+    shapes = dict(re.findall(r"%(\S+) = (f32\[[\d,]*\])", body))
+    shapes.update(re.findall(r"(?:\(|, )%?(\S+): (f32\[[\d,]*\])", body))
+    lhs = shapes.get(dot.group(2))
+    if lhs is None:
+        return None
+    dims = lambda s: [int(x) for x in re.findall(r"\d+", s[s.index("["):])]  # noqa: E731
+    contracted = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", dot.group(4)).group(1)
+    k = math.prod(dims(lhs)[int(i)] for i in contracted.split(","))
+    shape = f"{dot.group(1)} = {lhs} · {shapes.get(dot.group(3), '?')} ({dot.group(4)[:60]})"
+    return shape, 2.0 * math.prod(dims(dot.group(1))) * k
+
+
 def matmuls() -> dict:
     import jax
     import jax.numpy as jnp
@@ -114,10 +201,24 @@ def matmuls() -> dict:
 
 
 def main(argv=None):
-    argparse.ArgumentParser(description=__doc__).parse_args(argv)
-    import torch
-
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", action="store_true",
+                    help="profile one LSR gradient op by op instead (ours only, no PyTorch)")
+    args = ap.parse_args(argv)
     import replug_jax  # noqa: F401  (its XLA:CPU defaults, before JAX starts)
+
+    if args.trace:
+        result = trace_ops()
+        total = sum(result["thunk_ms"].values())
+        rows = [(kind, f"{ms:.1f}", f"{ms / total:.0%}", "")
+                for kind, ms in list(result["thunk_ms"].items())[:20]]
+        rows += [(f"matmul {shape}", f"{r['ms']:.1f}", f"{r['ms'] / total:.0%}",
+                  f"{r['gflops_per_s']:.0f}") for shape, r in result["matmuls"].items()]
+        write("profile_cpu_trace", {**result, "xla_flags": os.environ.get("XLA_FLAGS", "")},
+              rows, ("thunks (one LSR gradient)", "ms", "share", "GFLOP/s"))
+        return
+    import torch
 
     torch.set_num_threads(os.cpu_count())
     result = {"lsr_step": lsr_stages(), "matmuls": matmuls(),

@@ -44,7 +44,8 @@ from replug_jax.models.weights import (
 __all__ = [
     "load_retriever", "load_lm", "load_tokenizer", "export_retriever", "RetrieverModel",
     "LanguageModel", "BertConfig", "BertEncoder", "CausalLM", "DecoderConfig", "WeightsError",
-    "functional", "init_cache", "target_logprobs", "token_logprobs", "pool", "DEFAULT_LM", "DEFAULT_RETRIEVER",
+    "functional", "init_cache", "target_logprobs", "token_logprobs", "pool", "DEFAULT_LM",
+    "DEFAULT_RETRIEVER",
 ]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
