@@ -138,7 +138,11 @@ def trace_ops(runs: int = 2) -> dict:
         op = op.group(1) if op else ""
         direction = "backward" if "transpose(jvp(" in op else "forward"
         dot = _dot_of(e["name"], line, hlo)
-        kind = "matmul" if dot else e["name"].rsplit(".", 1)[0]
+        kind = e["name"].rsplit(".", 1)[0]
+        if dot:
+            kind = "matmul"
+        elif kind in ("dot", "dot_general"):  # operands outside the thunk: Eigen, async
+            kind = "matmul, Eigen (launch time only)"
         by_kind[f"{direction} {kind} ({op.rsplit('/', 1)[-1] or '-'})"] += ms
         if dot:
             by_dot[dot[0]][0] += ms
