@@ -248,11 +248,12 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
     assert d["low"] <= d["difference"] <= d["high"]
     assert 1e-3 <= res["fits"]["base"]["temperature"] <= 10
     assert np.isfinite(res["lm_alone"]) and "recall@1" in res["recall"]["base"]
-    inference_temperature.main([
+    wiki_args = [
         "--config", "tiny_wikitext", "--out", str(out), "--no-progress", "--set",
         f"corpus={wiki}/corpus.jsonl", f"fit_articles={wiki}/dev.jsonl",
         f"test_articles={wiki}/test.jsonl", f"workdir={tmp_path}/work",
-        'retrievers=["base=minilm", "again=minilm"]', "steps=[0, 1]"])
+        'retrievers=["base=minilm", "again=minilm"]', "steps=[0, 1]"]
+    inference_temperature.main(wiki_args)
     res = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
     assert 0 < res["rows"]["base/1.0"]["metric"] < 10  # bits per byte
     assert (out / "inference_temperature" / "tiny_wikitext.png").stat().st_size > 0
@@ -263,10 +264,6 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
     # A rerun reads every branch from the cache: no corpus embedding, the same numbers.
     monkeypatch.setattr(inference_temperature, "index_in_memory",
                         lambda *a, **k: pytest.fail("embedded a corpus whose branches are cached"))
-    inference_temperature.main([
-        "--config", "tiny_wikitext", "--out", str(out), "--no-progress", "--set",
-        f"corpus={wiki}/corpus.jsonl", f"fit_articles={wiki}/dev.jsonl",
-        f"test_articles={wiki}/test.jsonl", f"workdir={tmp_path}/work",
-        'retrievers=["base=minilm", "again=minilm"]', "steps=[0, 1]"])
+    inference_temperature.main(wiki_args)
     again = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
     assert again["rows"] == res["rows"] and again["dev"] == res["dev"]
