@@ -118,9 +118,9 @@ def test_bert_gradients_equal_pytorch_autograd(tmp_path):
     m = torch.tensor(mask, dtype=torch.float32)[..., None]
     (torch.tanh((hidden * m).sum(1) / m.sum(1)) @ torch.from_numpy(weights_D)).sum().backward()
     prefix = "encoder.layer.{}.attention.self."
+    theirs = dict(model.named_parameters())
     for i in range(2):
         layer = grads["layers"][i]
-        theirs = dict(model.named_parameters())
         for ours, name in (("query", prefix + "query"), ("value", prefix + "value"),
                            ("intermediate", "encoder.layer.{}.intermediate.dense"),
                            ("output", "encoder.layer.{}.output.dense")):
