@@ -18,6 +18,7 @@ Usage: ``python -m benches.bench_lsr [--quick] [--batch 64 --k 20] [--retriever 
 from __future__ import annotations
 
 import argparse
+import types
 
 import numpy as np
 
@@ -45,6 +46,28 @@ def synthetic_batch(b: int, k: int, lq: int, ld: int, vocab: int, seed: int = 0)
             "lm_scores": rng.normal(-2.0, 0.5, (b, k)).astype(np.float32)}
 
 
+def lsr_setup(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128, retriever: str = "minilm",
+              remat: bool = False) -> types.SimpleNamespace:
+    """Our LSR step on a synthetic batch: ``retriever, cfg, tx, step, scores_fn``, ``grad``
+    (the loss gradient, jitted, compiled on first use), ``params`` and ``batch``."""
+    import jax
+
+    from replug_jax.core.losses import lsr_loss
+    from replug_jax.retrieval.encoder import Retriever
+
+    model = Retriever.load(retriever)
+    cfg = LSRConfig(retriever=retriever, k=k, batch_size=b, total_steps=1000, remat=remat)
+    graphdef, template, params = split_params(model.model.encoder)
+    tx = make_optimizer(cfg)
+    step, scores_fn = make_train_step(graphdef, template, cfg, tx, model.model.pooling,
+                                      model.normalize)
+    grad = jax.jit(jax.value_and_grad(lambda p, bt: lsr_loss(
+        scores_fn(p, bt), bt["lm_scores"], cfg.gamma, cfg.beta, bt["doc_valid"])))
+    return types.SimpleNamespace(
+        retriever=model, cfg=cfg, tx=tx, step=step, scores_fn=scores_fn, grad=grad,
+        params=params, batch=synthetic_batch(b, k, lq, ld, model.model.config.vocab_size))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,18 +88,10 @@ def main(argv=None):
     if args.quick:
         args.batch, args.k = 8, 4
     peak = matmul_peak_flops()  # first, on an idle runtime, as the other benchmarks do
-    from replug_jax.retrieval.encoder import Retriever
-
-    retriever = Retriever.load(args.retriever)
-    cfg = LSRConfig(retriever=args.retriever, k=args.k, batch_size=args.batch, total_steps=1000,
-                    remat=args.remat)
-    graphdef, template, params = split_params(retriever.model.encoder)
-    tx = make_optimizer(cfg)
-    step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
-                              retriever.normalize)
     b, k, lq, ld = args.batch, args.k, args.query_len, args.doc_len
-    batch = synthetic_batch(b, k, lq, ld, retriever.model.config.vocab_size)
-    state = {"s": init_state(params, tx)}
+    setup = lsr_setup(b, k, lq, ld, args.retriever, args.remat)
+    retriever, cfg, step, batch = setup.retriever, setup.cfg, setup.step, setup.batch
+    state = {"s": init_state(setup.params, setup.tx)}
 
     def ours():
         state["s"], metrics = step(state["s"], batch)
