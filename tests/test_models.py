@@ -93,7 +93,8 @@ def test_bert_parity_tiny_random_and_export_round_trip(tmp_path):
 @pytest.mark.torch
 def test_bert_gradients_equal_pytorch_autograd(tmp_path):
     """The encoder's parameter gradients (our dense backward with serialised dx/dW/db, the
-    fused Q/K/V projection) against PyTorch autograd on the same weights and loss."""
+    fused Q/K/V projection, the blocked attention's own backward) against PyTorch autograd on
+    the same weights and loss, with padding."""
     import jax
 
     from replug_jax.models.params import split_params, to_module
@@ -121,7 +122,8 @@ def test_bert_gradients_equal_pytorch_autograd(tmp_path):
     theirs = dict(model.named_parameters())
     for i in range(2):
         layer = grads["layers"][i]
-        for ours, name in (("query", prefix + "query"), ("value", prefix + "value"),
+        for ours, name in (("query", prefix + "query"), ("key", prefix + "key"),
+                           ("value", prefix + "value"),
                            ("intermediate", "encoder.layer.{}.intermediate.dense"),
                            ("output", "encoder.layer.{}.output.dense")):
             ref_w = theirs[name.format(i) + ".weight"].grad.numpy().T
@@ -130,6 +132,9 @@ def test_bert_gradients_equal_pytorch_autograd(tmp_path):
             assert scale > 0
             np.testing.assert_allclose(np.asarray(layer[ours]["kernel"]), ref_w,
                                        atol=1e-4 * scale)
+            if ours == "key":  # q·b_k shifts a softmax row by a constant: zero gradient
+                assert np.abs(np.asarray(layer[ours]["bias"])).max() < 1e-6 * scale
+                continue
             np.testing.assert_allclose(np.asarray(layer[ours]["bias"]), ref_b,
                                        atol=1e-4 * np.abs(ref_b).max())
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from replug_jax.models.layers import fused_linear, linear
+from replug_jax.models.layers import attention, fused_linear, linear
 
 Pooling = Literal["mean", "cls"]
 
@@ -108,12 +108,8 @@ class BertLayer(nnx.Module):
 
         q_BHLK, k_BHSK, v_BHSK = map(heads, fused_linear(x_BLD, self.query, self.key,
                                                          self.value))
-        logits_BHLS = jnp.matmul(q_BHLK, k_BHSK.swapaxes(-1, -2),
-                                 preferred_element_type=jnp.float32)
-        logits_BHLS = logits_BHLS / jnp.sqrt(jnp.float32(d // h))
-        logits_BHLS = jnp.where(mask_BL[:, None, None, :], logits_BHLS, -1e30)
-        probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(v_BHSK.dtype)
-        ctx_BLD = jnp.matmul(probs_BHLS, v_BHSK).transpose(0, 2, 1, 3).reshape(b, length, d)
+        ctx_BHLK = attention(q_BHLK, k_BHSK, v_BHSK, mask_BL[:, None, None, :])
+        ctx_BLD = ctx_BHLK.transpose(0, 2, 1, 3).reshape(b, length, d)
         x_BLD = self.attn_norm(x_BLD + linear(ctx_BLD, self.attn_out))
         ffn = linear(_act(self.cfg.hidden_act)(linear(x_BLD, self.intermediate)), self.output)
         return self.output_norm(x_BLD + ffn)
