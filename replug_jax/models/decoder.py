@@ -24,10 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from replug_jax.models.layers import fused_linear
+from replug_jax.models.layers import attention, fused_linear
 
-# Finite, so padded rows stay finite: exp(_MASKED - max) underflows to exactly 0.
-_MASKED = -1e30
 # Projections of one input are fused into one matmul from this many tokens per call on
 # (prefill, scoring); decoding steps keep one matmul per weight (see fused_linear).
 _FUSE_MIN_TOKENS = 128
@@ -157,12 +155,9 @@ class Attention(nnx.Module):
         j, r, hd = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
         q_BJMD = (q_BLHD.reshape(b, length, j, r, hd).transpose(0, 2, 3, 1, 4)
                   .reshape(b, j, r * length, hd))  # M = R·L rows per KV head (GQA)
-        logits_BJMS = jnp.matmul(q_BJMD, k_BJSD.swapaxes(-1, -2),
-                                 preferred_element_type=jnp.float32)
-        logits_BJRLS = logits_BJMS.reshape(b, j, r, length, -1) / jnp.sqrt(jnp.float32(hd))
-        mask_B11LS = attention_mask(q_pos_BL, k_pos_BS)[:, None, None]
-        probs = jax.nn.softmax(jnp.where(mask_B11LS, logits_BJRLS, _MASKED), axis=-1)
-        out_BJMD = jnp.matmul(probs.reshape(b, j, r * length, -1).astype(v_BJSD.dtype), v_BJSD)
+        mask_BLS = attention_mask(q_pos_BL, k_pos_BS)
+        mask_B1MS = jnp.broadcast_to(mask_BLS[:, None, None], (b, 1, r, length, k_pos_BS.shape[1]))
+        out_BJMD = attention(q_BJMD, k_BJSD, v_BJSD, mask_B1MS.reshape(b, 1, r * length, -1))
         out_BLJRD = out_BJMD.reshape(b, j, r, length, hd).transpose(0, 3, 1, 2, 4)
         return self.o(out_BLJRD.reshape(b, length, cfg.num_heads * cfg.head_dim)), new_kv
 

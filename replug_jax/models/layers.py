@@ -112,15 +112,18 @@ def _logits(q_BHMD, k_BHSD, mask_BXMS):
 
 
 def _attention_block(q_BHMD, k_BHSD, v_BHSD, mask_BXMS):
-    """``(out_BHMD, (max_BHM, 1/sum_BHM))``: the softmax normalised after ``p·v``, on the
-    [M, D] output instead of the [M, S] probabilities. The maximum and the sum are kept apart
+    """``(out_BHMD, (max_BHM, 1/sum_BHM))``. In float32 the softmax is normalised after
+    ``p·v``, on the [M, D] output instead of the [M, S] probabilities. The maximum and the sum are kept apart
     (not as one log-sum-exp, which loses ``log(sum)`` next to a ``MASKED`` maximum)."""
     logits_BHMS = _logits(q_BHMD, k_BHSD, mask_BXMS)
     max_BHM1 = jnp.max(logits_BHMS, axis=-1, keepdims=True)
     e_BHMS = jnp.exp(logits_BHMS - max_BHM1)
     sum_BHM1 = jnp.sum(e_BHMS, axis=-1, keepdims=True)
-    out_BHMD = jnp.matmul(e_BHMS.astype(v_BHSD.dtype), v_BHSD,
-                          preferred_element_type=jnp.float32) / sum_BHM1
+    if v_BHSD.dtype == jnp.float32:
+        out_BHMD = jnp.matmul(e_BHMS, v_BHSD) / sum_BHM1
+    else:  # normalised before rounding to v's dtype: the bf16 contract was measured so
+        probs_BHMS = (e_BHMS / sum_BHM1).astype(v_BHSD.dtype)
+        out_BHMD = jnp.matmul(probs_BHMS, v_BHSD, preferred_element_type=jnp.float32)
     return out_BHMD.astype(v_BHSD.dtype), (max_BHM1[..., 0], 1.0 / sum_BHM1[..., 0])
 
 
