@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from benches.common import (best_time, matmul_peak_flops, torch_causal_lm, torch_device,
+from benches.common import (best_times, matmul_peak_flops, torch_causal_lm, torch_device,
                             torch_synced, write)
 from replug_jax.lm.flax_scorer import FlaxLM
 
@@ -57,9 +57,10 @@ def main(argv=None):
         conts = [list(rng.integers(100, vocab, cont_len))] * k
         lm.score_token_ids(prefixes, conts)
         one.score_token_ids(prefixes[:1], conts[:1])
-        t_batch = best_time(lambda: lm.score_token_ids(prefixes, conts), repeats=2)
-        t_seq = best_time(lambda: [one.score_token_ids([p], [c]) for p, c in
-                                   zip(prefixes, conts)], repeats=1)
+        t = best_times({"batch": lambda: lm.score_token_ids(prefixes, conts),
+                        "seq": lambda: [one.score_token_ids([p], [c])
+                                        for p, c in zip(prefixes, conts)]}, repeats=3)
+        t_batch, t_seq = t["batch"], t["seq"]
         out[f"score_K{k}"] = {"batched_s": t_batch, "sequential_s": t_seq,
                               "speedup": t_seq / t_batch}
         rows.append((f"ensemble scoring K={k} (batched vs one call per document)",
@@ -79,10 +80,10 @@ def forward(lm, ref, device, rng, vocab, peak, out, rows):
     ids = rng.integers(100, vocab, (b, L)).astype(np.int32)
     pos = np.broadcast_to(np.arange(L), (b, L)).astype(np.int32)
     fwd = lambda: lm._score_fn(lm.state, ids, pos, ids).block_until_ready()  # noqa: E731
-    ours = best_time(fwd, repeats=2)
     with torch.no_grad():
         ti = torch.tensor(ids, dtype=torch.long, device=device)
-        theirs = best_time(torch_synced(lambda: ref(ti), device), repeats=2)
+        t = best_times({"ours": fwd, "torch": torch_synced(lambda: ref(ti), device)}, repeats=3)
+    ours, theirs = t["ours"], t["torch"]
     flops = lm.lm.config.flops_per_token(L) * b * L
     out["forward_L256_B10"] = {"ours_tokens_per_s": b * L / ours,
                                "torch_tokens_per_s": b * L / theirs, "ratio": theirs / ours,
@@ -103,11 +104,11 @@ def decode(lm, ref, device, out, rows):
     log_w = np.full((1, 10), -np.log(10), np.float32)
     lm.generate_ensemble([prompts], log_w, max_new_tokens=new)
     lm.generate_ensemble([prompts[:1]], np.zeros((1, 1)), max_new_tokens=new)
-    t_k10 = best_time(lambda: lm.generate_ensemble([prompts], log_w, max_new_tokens=new),
-                      repeats=1, warmup=0)
-    t_seq = best_time(lambda: [lm.generate_ensemble([[p]], np.zeros((1, 1)),
-                                                    max_new_tokens=new) for p in prompts],
-                      repeats=1, warmup=0)
+    t = best_times({"k10": lambda: lm.generate_ensemble([prompts], log_w, max_new_tokens=new),
+                    "seq": lambda: [lm.generate_ensemble([[p]], np.zeros((1, 1)),
+                                                         max_new_tokens=new) for p in prompts]},
+                   repeats=2, warmup=0)
+    t_k10, t_seq = t["k10"], t["seq"]
     out["decode_K10"] = {"batched_s": t_k10, "sequential_s": t_seq, "speedup": t_seq / t_k10}
     rows.append(("coordinated decoding K=10, 32 tokens (batch vs sequential)",
                  f"{t_k10:.3f}s", f"{t_seq:.3f}s", f"{t_seq / t_k10:.2f}x"))
@@ -117,9 +118,6 @@ def decode(lm, ref, device, out, rows):
     prompt_ids = lm.bos + lm.encode(prompts[0])
     made = len(lm.generate_ensemble([prompts[:1]], np.zeros((1, 1)),
                                     max_new_tokens=new).token_ids[0])
-    t_cache = best_time(lambda: lm.generate_ensemble([prompts[:1]], np.zeros((1, 1)),
-                                                     max_new_tokens=new), repeats=2, warmup=0)
-    t_cache *= new / max(made, 1)  # seconds for `new` tokens at the measured rate
 
     def recompute():
         seq = list(prompt_ids)
@@ -128,17 +126,23 @@ def decode(lm, ref, device, out, rows):
             seq.append(int(np.argmax(lp[0])))
 
     recompute()
-    t_re = best_time(recompute, repeats=1, warmup=0)
+    ti = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def torch_generate():
+        ref.generate(ti, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+
+    torch_generate()
+    t = best_times({"cache": lambda: lm.generate_ensemble([prompts[:1]], np.zeros((1, 1)),
+                                                          max_new_tokens=new),
+                    "recompute": recompute, "torch": torch_synced(torch_generate, device)},
+                   repeats=2, warmup=0)
+    t_cache = t["cache"] * new / max(made, 1)  # seconds for `new` tokens at the measured rate
+    t_re, t_torch = t["recompute"], t["torch"]
     out["kv_cache"] = {"cache_s": t_cache, "recompute_s": t_re, "speedup": t_re / t_cache,
                        "ours_tokens_per_s": new / t_cache, "tokens_generated": made}
     rows.append(("KV cache vs recomputation, 32 tokens", f"{t_cache:.3f}s", f"{t_re:.3f}s",
                  f"{t_re / t_cache:.2f}x"))
-    with torch.no_grad():
-        ti = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-        ref.generate(ti, max_new_tokens=4, do_sample=False)
-        t_torch = best_time(torch_synced(lambda: ref.generate(
-            ti, max_new_tokens=new, min_new_tokens=new, do_sample=False), device),
-            repeats=1, warmup=0)
     out["batch1_generate"] = {"ours_tokens_per_s": new / t_cache,
                               "torch_tokens_per_s": new / t_torch, "ratio": t_torch / t_cache}
     rows.append(("batch-1 generation tokens/s (ours vs PyTorch generate)",

@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from benches.common import best_time, matmul_peak_flops, write
+from benches.common import best_times, matmul_peak_flops, write
 from replug_jax.models import functional, load_lm, load_retriever, pool
 
 
@@ -18,7 +18,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer repeats (CI smoke run)")
     args = ap.parse_args(argv)
-    repeats = 1 if args.quick else 3
+    repeats = 1 if args.quick else 5
     import torch
     from transformers import AutoModelForCausalLM, BertModel
 
@@ -33,13 +33,14 @@ def main(argv=None):
     ids = rng.integers(1000, 30000, (b, L)).astype(np.int32)
     mask = np.ones((b, L), np.int32)
     apply, state = functional(ret.encoder)
-    ours = best_time(lambda: pool(apply(state, ids, mask), mask).block_until_ready(), repeats)
     from replug_jax.models.weights import packaged_path
 
     ref = BertModel.from_pretrained(str(packaged_path("minilm"))).eval()
     with torch.no_grad():
         ti, tm = torch.tensor(ids, dtype=torch.long), torch.tensor(mask)
-        theirs = best_time(lambda: ref(input_ids=ti, attention_mask=tm), repeats)
+        t = best_times({"ours": lambda: pool(apply(state, ids, mask), mask).block_until_ready(),
+                        "torch": lambda: ref(input_ids=ti, attention_mask=tm)}, repeats)
+    ours, theirs = t["ours"], t["torch"]
     flops = ret.config.flops_per_token(L) * b * L
     enc = {"ours_passages_per_s": b / ours, "torch_passages_per_s": b / theirs,
            "ratio": theirs / ours, "fraction_of_peak": flops / ours / peak}
@@ -54,13 +55,14 @@ def main(argv=None):
     ids = rng.integers(100, 40000, (b, L)).astype(np.int32)
     pos = np.broadcast_to(np.arange(L), (b, L)).astype(np.int32)
     apply, state = functional(lm.model)
-    ours = best_time(lambda: apply(state, ids, pos)[0].block_until_ready(), repeats)
     gguf = packaged_path("smollm2")
     ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                dtype=torch.float32).eval()
     with torch.no_grad():
         ti = torch.tensor(ids, dtype=torch.long)
-        theirs = best_time(lambda: ref(ti), repeats)
+        t = best_times({"ours": lambda: apply(state, ids, pos)[0].block_until_ready(),
+                        "torch": lambda: ref(ti)}, repeats)
+    ours, theirs = t["ours"], t["torch"]
     flops = lm.config.flops_per_token(L) * b * L
     fw = {"ours_tokens_per_s": b * L / ours, "torch_tokens_per_s": b * L / theirs,
           "ratio": theirs / ours, "fraction_of_peak": flops / ours / peak}

@@ -27,7 +27,7 @@ import tempfile
 import numpy as np
 
 from benches.bench_lsr import lsr_setup
-from benches.common import best_time, write
+from benches.common import best_time, best_times, write
 
 
 def lsr_stages(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> dict:
@@ -47,9 +47,9 @@ def lsr_stages(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> dict:
         state["s"], metrics = step(state["s"], batch)
         metrics["loss"].block_until_ready()
 
-    ours = {"forward": best_time(lambda: scores_fn(params, batch).block_until_ready()),
-            "gradient": best_time(lambda: jax.block_until_ready(grad(params, batch))),
-            "step": best_time(full)}
+    ours = {"forward": lambda: scores_fn(params, batch).block_until_ready(),
+            "gradient": lambda: jax.block_until_ready(grad(params, batch)),
+            "step": full}
     model = BertModel.from_pretrained(str(resolve("minilm").path)).train()
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
@@ -83,9 +83,10 @@ def lsr_stages(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
 
-    theirs = {"forward": best_time(forward), "gradient": best_time(gradient),
-              "step": best_time(full_torch)}
-    return {"ours_s": ours, "torch_s": theirs}
+    theirs = {"forward": forward, "gradient": gradient, "step": full_torch}
+    t = best_times({(who, stage): fns[stage] for stage in ours
+                    for who, fns in (("ours", ours), ("torch", theirs))}, repeats=5)
+    return {f"{who}_s": {stage: t[(who, stage)] for stage in ours} for who in ("ours", "torch")}
 
 
 def trace_ops(runs: int = 2) -> dict:
@@ -175,8 +176,9 @@ def matmuls() -> dict:
         fj = jax.jit(f)
         ja, jc = jnp.asarray(a), jnp.asarray(c)
         ta, tc = torch.from_numpy(a), torch.from_numpy(c)
-        t_ours = best_time(lambda: fj(ja, jc).block_until_ready(), 5)
-        t_ref = best_time(lambda: f(ta, tc), 5)
+        t = best_times({"ours": lambda: fj(ja, jc).block_until_ready(),
+                        "torch": lambda: f(ta, tc)}, 5)
+        t_ours, t_ref = t["ours"], t["torch"]
         out[name] = {"ours_gflops": flops / t_ours / 1e9, "torch_gflops": flops / t_ref / 1e9}
     return out
 
