@@ -113,8 +113,8 @@ def _logits(q_BHMD, k_BHSD, mask_BXMS):
 
 def _attention_block(q_BHMD, k_BHSD, v_BHSD, mask_BXMS):
     """``(out_BHMD, (max_BHM, 1/sum_BHM))``. In float32 the softmax is normalised after
-    ``p·v``, on the [M, D] output instead of the [M, S] probabilities. The maximum and the sum are kept apart
-    (not as one log-sum-exp, which loses ``log(sum)`` next to a ``MASKED`` maximum)."""
+    ``p·v``, on the [M, D] output instead of the [M, S] probabilities. The maximum and the sum
+    are kept apart (one log-sum-exp would lose ``log(sum)`` next to a ``MASKED`` maximum)."""
     logits_BHMS = _logits(q_BHMD, k_BHSD, mask_BXMS)
     max_BHM1 = jnp.max(logits_BHMS, axis=-1, keepdims=True)
     e_BHMS = jnp.exp(logits_BHMS - max_BHM1)
