@@ -142,14 +142,14 @@ def _map_blocks(fn, rows, *xs):
     return jax.tree.map(_unblock, jax.lax.map(lambda a: fn(*a), blocks))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _blocked_attention(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, rows):
-    return _map_blocks(_attention_block, rows, q_BHMD, k_BHSD, v_BHSD, mask_BXMS)[0]
-
-
 def _blocked_attention_fwd(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, rows):
     out_BHMD, stats = _map_blocks(_attention_block, rows, q_BHMD, k_BHSD, v_BHSD, mask_BXMS)
     return out_BHMD, (q_BHMD, k_BHSD, v_BHSD, mask_BXMS, out_BHMD, stats)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blocked_attention(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, rows):
+    return _blocked_attention_fwd(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, rows)[0]
 
 
 def _attention_block_bwd(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, g_BHMD, stats, delta_BHM):
