@@ -15,6 +15,8 @@ Usage: ``python -m experiments.inference_temperature --config nq|wikitext``.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import pathlib
 
@@ -40,7 +42,7 @@ from replug_jax.eval.temperature import (
     fit_temperature,
     mixture_logliks,
 )
-from replug_jax.fileio import atomic_path, read_jsonl
+from replug_jax.fileio import atomic_path, read_jsonl, write_text_atomic
 from replug_jax.prompts import qa_prompt
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, chunk_documents, read_documents
@@ -52,8 +54,9 @@ DIFFERENCES = (
     "The paper uses τ = 1 at inference with cosine similarities from Contriever and a 175B LM. "
     "Here all-MiniLM-L6-v2 retrieves for SmolLM2-135M on NQ dev questions (4-shot prompts, "
     "624 gold passages + 3528 distractor passages) and on WikiText-2 test-article windows "
-    "(128-token passages of all articles with the window-overlap leakage filter, plus the "
-    "same distractors); τ is a post-hoc 1-D fit, not in the paper.")
+    "(128-token passages of all articles, a window never retrieving its own article's "
+    "passages by default, plus the same distractors); τ is a post-hoc 1-D fit, not in the "
+    "paper.")
 
 BOUNDS = (1e-3, 10.0)
 
@@ -92,24 +95,54 @@ def examples(cfg, lm, split: str, passages) -> dict:
     if cfg.dataset != "wikitext":
         raise ValueError(f"dataset must be nq or wikitext, got {cfg.dataset!r}")
     settings = WindowSettings(cfg.context_tokens, cfg.stride, cfg.context_tokens,
-                              cfg.context_tokens, "window", cfg.max_windows_per_document or None)
+                              cfg.context_tokens, cfg.leakage,
+                              cfg.max_windows_per_document or None)
     path = cfg.fit_articles if split == "fit" else cfg.test_articles
     windows = [w for d in read_documents(path) for w in sliding_windows(d, lm.tokenizer,
                                                                          settings)][:cap]
     return {"contexts": [w.context for w in windows], "targets": [w.target for w in windows],
             "queries": [w.query for w in windows],
-            "exclude": leakage_exclusions(windows, passages, "window"),
+            "exclude": leakage_exclusions(windows, passages, cfg.leakage),
             "ids": [f"{w.source_id}@{w.target_span[0]}" for w in windows], "gold": None}
 
 
+def content_key(**parts) -> str:
+    """SHA-256 of everything that determines a cached file's content (JSON, sorted keys)."""
+    blob = json.dumps(parts, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def split_key(cfg, lm, data: dict, retriever=None, passages=None) -> str:
+    """The content key of one split's cache: the LM and its context, every example (ids,
+    prompts with their demonstrations, targets, queries, exclusions), and for REPLUG the
+    retriever's identity, k and the corpus's passages."""
+    parts = {"lm": getattr(lm.lm, "fingerprint", lm.name), "max_context": lm.max_context,
+             "ids": data["ids"], "contexts": data["contexts"], "targets": data["targets"]}
+    if retriever is not None:
+        parts.update(k=cfg.k, retriever=retriever.identity, queries=data["queries"],
+                     exclude=None if data["exclude"] is None else
+                     [sorted(e) for e in data["exclude"]],
+                     corpus=content_key(passages=[(p.id, p.title, p.text) for p in passages]))
+    return content_key(**parts)
+
+
+def cached(path: pathlib.Path, key: str) -> bool:
+    """Whether ``path`` holds a cache made with ``key``."""
+    key_path = path.with_name(path.name + ".key")
+    return path.exists() and key_path.exists() and key_path.read_text().strip() == key
+
+
 def score_split(pipe: Replug | None, data: dict, path: pathlib.Path, mode: str,
-                progress: bool, batch: int = 4):
+                progress: bool, key: str, batch: int = 4):
     """Branch cache (mode replug) or ``[N]`` log-likelihoods (mode none), cached at ``path``
-    (``pipe`` may be None only when it is)."""
+    with its content ``key`` beside it (``pipe`` may be None only when that cache is valid)."""
     from tqdm.auto import tqdm
 
-    if path.exists():
+    if cached(path, key):
         return BranchCache.load(path) if mode == "replug" else np.load(path)
+    if path.exists():
+        print(f"{path}: cached with other settings (k, examples, LM, retriever or corpus); "
+              "scoring again")
     results = []
     n = len(data["contexts"])
     for i in tqdm(range(0, n, batch), desc=f"{path.stem}", disable=not progress):
@@ -119,13 +152,14 @@ def score_split(pipe: Replug | None, data: dict, path: pathlib.Path, mode: str,
                               data["exclude"][sl], reliance=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode == "replug":
-        cache = BranchCache.from_results(results, data["ids"])
-        cache.save(path)
-        return cache
-    logliks = np.array([r.loglik for r in results], np.float64)
-    with atomic_path(path, ".npy") as tmp:
-        np.save(tmp, logliks)
-    return logliks
+        out = BranchCache.from_results(results, data["ids"])
+        out.save(path)
+    else:
+        out = np.array([r.loglik for r in results], np.float64)
+        with atomic_path(path, ".npy") as tmp:
+            np.save(tmp, out)
+    write_text_atomic(key, path.with_name(path.name + ".key"))  # after the data it vouches for
+    return out
 
 
 def metric(cfg, logliks, num_bytes) -> float:
@@ -165,18 +199,19 @@ def main(argv=None):
         report = data["report"]
         num_bytes = np.array([len(t.encode("utf-8")) for t in report["targets"]], np.int64)
         plain = score_split(Replug(lm, mode="none"), report, work / "lm_alone.npy", "none",
-                            progress)
+                            progress, split_key(cfg, lm, report))
         caches, hits_at = {}, {}
         with_gold = report["gold"] is not None and all(g is not None for g in report["gold"])
         for label, source in retrievers:
             retriever = Retriever.load(source)
             paths = {s: work / f"{label}_{s}.npz" for s in splits}
+            keys = {s: split_key(cfg, lm, data[s], retriever, passages) for s in splits}
             pipe = None  # the corpus is embedded only when a split is not cached yet
-            if with_gold or not all(path.exists() for path in paths.values()):
+            if with_gold or not all(cached(paths[s], keys[s]) for s in splits):
                 pipe = Replug(lm, retriever, index_in_memory(passages, retriever),
                               k=cfg.k, temperature=1.0)
-            caches[label] = {s: score_split(pipe, data[s], paths[s], "replug", progress)
-                             for s in splits}
+            caches[label] = {s: score_split(pipe, data[s], paths[s], "replug", progress,
+                                            keys[s]) for s in splits}
             if with_gold:
                 hits = pipe.index.search(retriever.encode_queries(report["queries"]), 5)
                 hits_at[label] = {f"recall@{r}": np.array(

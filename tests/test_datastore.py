@@ -3,10 +3,13 @@ integrity checks, and exact top-k sharded over devices."""
 
 import json
 import os
+import pathlib
 
 import jax
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from replug_jax.retrieval.corpus import CorpusError, Passage, iter_chunks, iter_documents
 from replug_jax.retrieval.index import (
@@ -177,6 +180,95 @@ def test_interrupted_builds_resume_without_recomputing(tmp_path):
     assert built == [2, 3] and len(idx) == 300 and not (tmp_path / "idx.partial").exists()
 
 
+def test_resume_with_changed_settings_rebuilds_shards_and_nprobe_comes_from_manifest(
+        tmp_path):
+    """Regression: a finished shard was reused whatever the passage length, embeddings file or
+    train size of the resumed build, and a load kept each FAISS file's own nprobe."""
+    import faiss
+
+    emb = clustered(600)
+    np.save(tmp_path / "emb.npy", emb)
+    kw = dict(num_shards=3, progress=False, factory="IVF4,Flat", train_size=300)
+    with pytest.raises(Killed):
+        build_index(_passages(600), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
+                    nprobe=1, on_shard=die_at_shard_1, **kw)
+    built = []  # the same settings but nprobe (a search setting): both finished shards kept
+    idx = build_index(_passages(600), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
+                      nprobe=3, on_shard=built.append, **kw)
+    assert built == [2]
+    assert [faiss.extract_index_ivf(ix).nprobe for ix, _ in idx.shards] == [3, 3, 3]
+    # other vectors under another name, and another train size: every shard rebuilt
+    for change in ({"embeddings": "emb2.npy"}, {"train_size": 200}):
+        np.save(tmp_path / "emb2.npy", clustered(600, seed=9))
+        args = {**kw, "embeddings": tmp_path / "emb.npy", **change}
+        args["embeddings"] = tmp_path / pathlib.Path(args["embeddings"]).name
+        with pytest.raises(Killed):
+            build_index(_passages(600), None, tmp_path / "r", nprobe=1, on_shard=die_at_shard_1,
+                        **{**kw, "embeddings": tmp_path / "emb.npy"})
+        built = []
+        idx = build_index(_passages(600), None, tmp_path / "r", nprobe=1,
+                          on_shard=built.append, **args)
+        assert built == [0, 1, 2], change
+        fresh = build_index(_passages(600), None, tmp_path / "fresh", nprobe=1, **args)
+        q = clustered(20, seed=4)
+        np.testing.assert_array_equal(idx.search(q, 5).ids, fresh.search(q, 5).ids)
+        import shutil
+
+        shutil.rmtree(tmp_path / "r")
+        shutil.rmtree(tmp_path / "fresh")
+
+
+def test_resume_with_another_passage_length_rebuilds_every_shard(tmp_path):
+    """Regression: resuming with another --max-length re-embedded the passages but kept the
+    FAISS shards built from the old embeddings."""
+    short, long = CountingEncoder(), CountingEncoder()
+    long.identity = {**CountingEncoder.identity, "max_length": 128}
+    with pytest.raises(Killed):
+        build_index(_passages(60), short, tmp_path / "idx", num_shards=3, progress=False,
+                    embed_shard_rows=16, on_shard=die_at_shard_1)
+    built = []
+    idx = build_index(_passages(60), long, tmp_path / "idx", num_shards=3, progress=False,
+                      embed_shard_rows=16, on_shard=built.append)
+    assert built == [0, 1, 2] and long.encoded == 60
+    for spec in idx.manifest["shards"]:
+        info = json.loads((tmp_path / "idx" / spec["dir"] / "shard.json").read_text())
+        assert info["max_length"] == 128
+
+
+def test_load_samples_large_files_whose_size_and_mtime_are_unchanged(tmp_path, monkeypatch):
+    """A corrupted large file with its size and mtime restored is caught at load by the
+    sampled blocks the manifest records (``verify`` still hashes every byte)."""
+    from replug_jax.retrieval import index as index_module
+
+    monkeypatch.setattr(index_module, "SMALL_FILE_BYTES", 1024)
+    monkeypatch.setattr(index_module, "SAMPLE_BYTES", 512)
+    np.save(tmp_path / "emb.npy", clustered(400))
+    build_index(_passages(400), None, tmp_path / "idx", embeddings=tmp_path / "emb.npy",
+                progress=False)
+    info = Index.load(tmp_path / "idx").manifest["files"]["shard-00000/index.faiss"]
+    assert len(info["sample_offsets"]) == 4
+    faiss_file = tmp_path / "idx" / "shard-00000" / "index.faiss"
+    raw = bytearray(faiss_file.read_bytes())
+    st = faiss_file.stat()
+    raw[info["sample_offsets"][2] + 7] ^= 0xFF
+    faiss_file.write_bytes(bytes(raw))
+    os.utime(faiss_file, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(IndexLoadError, match="index.faiss: sampled blocks differ"):
+        Index.load(tmp_path / "idx")
+
+
+def test_no_warning_at_interpreter_exit_from_open_embedding_files(tmp_path):
+    import subprocess
+    import sys
+
+    np.save(tmp_path / "emb.npy", clustered(10))
+    code = ("from replug_jax.retrieval.index import NpyRows; import sys; "
+            f"r = NpyRows({str(tmp_path / 'emb.npy')!r}); sys.modules['keep'] = r")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stderr == "", out.stderr
+
+
 class CountingEncoder:
     """A retriever stand-in with the interface embed_store uses: deterministic embeddings
     from the text, counting every text it encodes."""
@@ -337,3 +429,55 @@ def test_encoding_data_parallel_over_devices_equals_one_device():
     texts = [f"text number {i} " * (i % 5 + 1) for i in range(23)]
     np.testing.assert_allclose(many.encode(texts), one.encode(texts), atol=1e-5)
     np.testing.assert_allclose(many.encode(texts), one.encode(texts), atol=1e-5)  # reused
+
+
+def _numpy_topk(queries, corpus, k):
+    s = queries.astype(np.float64) @ corpus.astype(np.float64).T
+    order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(s, order, 1), order
+
+
+def test_sharded_topk_never_returns_padding_rows_with_negative_scores():
+    """Regression: rows per device (7) above the block (3) and not a multiple of it, every
+    score negative. Each device's zero padding used to stay visible (score 0, the next
+    device's ids) on every device but the last."""
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    from replug_jax.sharding import make_mesh
+
+    rng = np.random.default_rng(0)
+    corpus = -np.abs(rng.normal(size=(14, 4))).astype(np.float32)
+    queries = np.abs(rng.normal(size=(3, 4))).astype(np.float32)  # every score < 0
+    mesh = make_mesh(2)
+    array, n = shard_corpus(corpus, mesh, dtype=np.float32)
+    scores, rows = sharded_topk(queries, array, 4, n, mesh, block=3)
+    want_scores, want_rows = _numpy_topk(queries, corpus, 4)
+    np.testing.assert_array_equal(np.asarray(rows), want_rows)
+    np.testing.assert_allclose(np.asarray(scores), want_scores, rtol=1e-5)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(n=st.integers(1, 90), devices=st.sampled_from([1, 2, 4, 8]), block=st.integers(1, 20),
+       k=st.integers(1, 12), sign=st.sampled_from(["negative", "positive", "mixed"]),
+       seed=st.integers(0, 2**16))
+def test_sharded_topk_equals_exact_topk_property(n, devices, block, k, sign, seed):
+    """Over random corpus sizes, device counts, blocks, k and score signs (all-negative
+    included), the sharded top-k equals exact top-k (NumPy, float64; continuous random
+    scores, so no ties)."""
+    if len(jax.devices()) < devices:
+        pytest.skip(f"needs {devices} devices")
+    from replug_jax.sharding import make_mesh
+
+    rng = np.random.default_rng(seed)
+    corpus = rng.normal(size=(n, 6)).astype(np.float32)
+    queries = rng.normal(size=(3, 6)).astype(np.float32)
+    if sign != "mixed":  # all scores of one sign: queries and rows in opposite orthants
+        corpus, queries = np.abs(corpus), np.abs(queries)
+        if sign == "negative":
+            corpus = -corpus
+    mesh = make_mesh(devices)
+    array, n_valid = shard_corpus(corpus, mesh, dtype=np.float32)
+    scores, rows = sharded_topk(queries, array, k, n_valid, mesh, block=block)
+    want_scores, want_rows = _numpy_topk(queries, corpus, min(k, n))
+    np.testing.assert_array_equal(np.asarray(rows), want_rows)
+    np.testing.assert_allclose(np.asarray(scores), want_scores, rtol=1e-5, atol=1e-6)

@@ -267,3 +267,11 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
     inference_temperature.main(wiki_args)
     again = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
     assert again["rows"] == res["rows"] and again["dev"] == res["dev"]
+    # A rerun with another k or fewer examples scores again: its caches are keyed by content.
+    monkeypatch.undo()
+    inference_temperature.main(wiki_args + ["k=1", "num_examples=2"])
+    fewer = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
+    from replug_jax.eval.temperature import BranchCache
+
+    branches = BranchCache.load(tmp_path / "work" / "tiny_wikitext" / "base_report.npz")
+    assert branches.logprobs_NKT.shape[:2] == (2, 1) and fewer["examples"] == 2

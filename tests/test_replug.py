@@ -207,3 +207,48 @@ def test_documents_of_multibyte_characters_are_cut_to_fit():
     groups, _ = pipe.branches(["A question about 😀 and 漢字?"], reserve=16)
     for prompt in groups[0].prompts:
         assert lm.count_tokens(prompt) + 16 + 1 <= 64
+
+
+def test_batched_generation_cuts_each_row_at_its_stop_string():
+    """Regression: a row that hit its stop string kept decoding while other rows ran, and an
+    EOS it emitted later marked it "eos" with the text past the stop string kept. The tiny
+    random LM's greedy continuations are fixed, so the stop string (" Sharing", 3rd token of
+    the first row) and an EOS (set to the first row's 26th token, in the second 16-token
+    chunk) are chosen from them."""
+    from tests._models import tiny_lm
+
+    lm = tiny_lm(0)
+    prompts = ["The capital of Germany is", "Question: who wrote Hamlet?", "x y z"]
+    free = lm.generate_ensemble([[p] for p in prompts], np.zeros((3, 1)), max_new_tokens=40)
+    first = free.token_ids[0]
+    stop = lm.tokenizer.decode(first[2:3]).strip()
+    assert all(stop not in t for t in free.texts[1:])
+    lm.eos_id = first[25]
+    assert first.index(first[25]) > lm.chunk and all(first[25] not in t
+                                                      for t in free.token_ids[1:])
+    got = lm.generate_ensemble([[p] for p in prompts], np.zeros((3, 1)), max_new_tokens=40,
+                               stop=[stop])
+    upto = lm.tokenizer.decode(first[:3])  # the text cut where the stop string starts
+    assert got.stopped_by == ["stop", "length", "length"]
+    assert got.texts[0] == upto[:upto.index(stop)] and got.token_ids[0] == first[:3]
+    assert stop not in got.texts[0] and got.texts[1:] == free.texts[1:]
+    alone = lm.generate_ensemble([[prompts[0]]], np.zeros((1, 1)), max_new_tokens=40,
+                                 stop=[stop])
+    assert alone.texts == got.texts[:1] and alone.token_ids[0] == got.token_ids[0]
+
+
+def test_generation_length_is_checked_per_prompt_not_per_bucket():
+    """Regression: the bucketed prompt length plus whole decode chunks was checked against
+    the model's positions, so a prompt that fits (with its new tokens) failed next to a
+    longer bucket; now each prompt is checked on its own and named when it does not fit."""
+    from tests._models import tiny_lm
+
+    lm = tiny_lm(0, max_context=512)  # 512 positions
+    prompt = " ".join(["word"] * 90)
+    n = lm.count_tokens(prompt) + len(lm.bos)
+    assert 64 < n <= 112  # bucket 128: 128 + 400 rounded up to 512 > 512 positions
+    g = lm.generate_ensemble([[prompt], ["short"]], np.zeros((2, 1)), max_new_tokens=512 - n)
+    assert len(g.token_ids[0]) <= 512 - n
+    with pytest.raises(ValueError, match="prompt 1 .* exceeds the model's 512 positions"):
+        lm.generate_ensemble([["short"], [prompt]], np.zeros((2, 1)),
+                             max_new_tokens=513 - n)

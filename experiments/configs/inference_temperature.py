@@ -28,6 +28,9 @@ class TemperatureConfig:
     test_articles: str = "experiments/data/wikitext/test.jsonl"
     context_tokens: int = 128
     stride: int = 128
+    # wikitext: "document" never retrieves a passage of the window's own article (the paper's
+    # disjoint datastore); "window" hides only passages overlapping the window
+    leakage: str = "document"
     max_windows_per_document: int = 2
     num_examples: int = 80  # cap on questions / windows per split (0 = all)
     record: str = "lsr"  # write the fitted τ into this retriever's folder ("" = none)

@@ -1,7 +1,9 @@
 """REPLUG LSR with the language-modelling objective (paper §4, §5.2) on WikiText-2 articles
 (prepare with ``python -m experiments.prepare_wikitext``): x = 128 tokens, y = the next 128,
-corpus = 128-token passages of every article plus distractors (NQ passages, Python docs), with
-the leakage filter dropping the passages that overlap an example's own window.
+corpus = 128-token passages of every article plus distractors (NQ passages, Python docs); an
+example never retrieves a passage of its own article (``leakage="document"``: the datastore is
+disjoint from the evaluated text, as in the paper; ``"window"`` hides only the overlapping
+passages and lets an example retrieve its own following text).
 
 What a run needs: Adam moves each parameter by at most about lr per step, so ``total_steps ×
 learning_rate`` bounds the change (the first NQ run, 32 × 2e-5 = 6e-4, could not move much).
@@ -14,7 +16,7 @@ from replug_jax.train.config import LSRConfig
 _DATA = dict(task="lm", data="experiments/data/wikitext/train.jsonl",
              dev_data="experiments/data/wikitext/dev.jsonl",
              corpus="experiments/data/wikitext/corpus.jsonl", chunk_size=128,
-             chunk_unit="tokens", leakage="window", context_tokens=128,
+             chunk_unit="tokens", leakage="document", context_tokens=128,
              continuation_tokens=128, query_max_length=128, doc_max_length=160,
              lm_max_context=512)
 

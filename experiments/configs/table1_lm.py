@@ -18,7 +18,7 @@ class LMConfig:
     query_tokens: int = 128  # paper: the prior 128 tokens are the query
     skip_first: int = 128  # first tokens of an article: context only (nothing to query with)
     max_windows_per_document: int = 3
-    leakage: str = "window"  # window | document | none
+    leakage: str = "document"  # document (the evaluated article never retrieved) | window | none
     k: int = 10  # paper: top-10
     temperature: float = 1.0
     modes: tuple = ("none", "replug", "random", "concat")

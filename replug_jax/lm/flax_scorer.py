@@ -298,19 +298,25 @@ class FlaxLM:
         if any(len(p) != k for p in prompts) or len(prompts) != g:
             raise ValueError(f"prompts must be {g} groups of {k} branches")
         flat = [self.bos + self.encode(p) for group in prompts for p in group]
+        limit = self.lm.config.max_position
+        for i, seq in enumerate(flat):  # each request on its own (bucketing pads only slots)
+            if len(seq) + max_new_tokens > limit:
+                raise ValueError(f"prompt {i // k} (branch {i % k}: {len(seq)} tokens) plus "
+                                 f"{max_new_tokens} new tokens exceeds the model's {limit} "
+                                 "positions")
         L = self._bucket(max(map(len, flat)))
         # Without stop strings the whole generation is one compiled loop (no host round trip
         # per token or per chunk); with them, chunks of `chunk` steps between which the text
-        # is checked. The capacity is a power of two, so few shapes are ever compiled.
+        # is checked. The capacity is a power of two, so few shapes are ever compiled. Cache
+        # slots are not positions (each row's positions start at 0 after its left padding),
+        # so the bucketed cache may be longer than the model's positions.
         capacity = self.chunk if stop else max(16, 1 << (max_new_tokens - 1).bit_length())
         n_chunks = -(-max_new_tokens // capacity)
         total = L + n_chunks * capacity
-        if total > self.lm.config.max_position:
-            raise ValueError(f"prompt ({L} tokens, bucketed) plus {max_new_tokens} new tokens "
-                             f"exceeds the model's {self.lm.config.max_position} positions")
         b = g * k
         tokens, positions = self._pack(flat, L, b, left=True)  # every branch ends at L-1
         pos_B = np.array([len(s) for s in flat], np.int32)
+        stopped = ["length"] * g  # final once set: a group that stopped decodes no further
         with Timer() as t:
             log_w = jnp.asarray(log_weights, jnp.float32)
             cache = init_cache(self.lm.config, b, total, self.lm.model.dtype)
@@ -319,7 +325,6 @@ class FlaxLM:
             carry = (cache, logp, jnp.asarray(pos_B), jnp.zeros(g, bool),
                      jax.random.PRNGKey(seed))
             toks, mix_lps, branch_lps = [], [], []
-            texts, stopped = [""] * g, ["length"] * g
             for c in range(n_chunks):
                 cache, logp, pos, done, rng = carry
                 carry, (tok, mix_lp, br_lp), ran = self._decode(
@@ -330,33 +335,33 @@ class FlaxLM:
                 toks.append(np.asarray(tok)[:ran].T)
                 mix_lps.append(np.asarray(mix_lp)[:ran].T)
                 branch_lps.append(np.asarray(br_lp)[:ran].transpose(1, 2, 0))
-                all_toks = np.concatenate(toks, axis=1)
-                finished = True
+                all_toks = np.concatenate(toks, axis=1)[:, :max_new_tokens]
                 for gi in range(g):
-                    seq = self._until_eos(all_toks[gi][:max_new_tokens])
-                    texts[gi] = self.tokenizer.decode(seq)
-                    hit = stop_position(texts[gi], stop) is not None
-                    if len(seq) < len(all_toks[gi][:max_new_tokens]):
+                    if stopped[gi] != "length":
+                        continue
+                    seq = self._until_eos(all_toks[gi])
+                    if stop_position(self.tokenizer.decode(seq), stop) is not None:
+                        stopped[gi] = "stop"  # a stop string before any EOS wins
+                    elif len(seq) < len(all_toks[gi]):
                         stopped[gi] = "eos"
-                    elif hit:
-                        stopped[gi] = "stop"
-                    finished &= stopped[gi] != "length"
-                if finished:
+                if all(s != "length" for s in stopped):
                     break
+                cache, logp, pos, done, rng = carry  # rows that stopped emit EOS from now on
+                carry = (cache, logp, pos, done | jnp.asarray([s != "length" for s in stopped]),
+                         rng)
         all_toks = np.concatenate(toks, axis=1)[:, :max_new_tokens]
         mix_all = np.concatenate(mix_lps, axis=1)[:, :max_new_tokens]
         br_all = np.concatenate(branch_lps, axis=2)[:, :, :max_new_tokens]
-        out_ids, out_mix, out_br = [], [], []
+        texts, out_ids, out_mix, out_br = [], [], [], []
         for gi in range(g):
             seq = self._until_eos(all_toks[gi])
-            n = len(seq)
+            n, text = len(seq), self.tokenizer.decode(seq)
             if stopped[gi] == "stop":  # cut the text at the stop string, and the tokens with it
-                cut = stop_position(texts[gi], stop)
-                texts[gi] = texts[gi][:cut]
+                cut = stop_position(text, stop)
+                text = text[:cut]
                 while n > 0 and len(self.tokenizer.decode(seq[:n - 1])) >= cut:
                     n -= 1
-            else:
-                texts[gi] = self.tokenizer.decode(seq)
+            texts.append(text)
             out_ids.append(seq[:n])
             out_mix.append(mix_all[gi, :n])
             out_br.append(br_all[gi, :, :n])

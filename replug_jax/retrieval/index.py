@@ -31,6 +31,7 @@ import os
 import pathlib
 import shutil
 import warnings
+import weakref
 from typing import Callable, Iterable, Sequence
 
 import jax
@@ -42,7 +43,7 @@ from replug_jax.fileio import atomic_path, replace_dir, write_json_atomic
 from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import host_copy, replicate
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: build key with every shard setting, sampled hashes
 SMALL_FILE_BYTES = 64 << 20  # always hashed on load
 STORE = "passages.arrow"
 
@@ -70,22 +71,46 @@ def _sha256(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
+SAMPLE_BYTES = 1 << 20  # one sampled block of a large file
+
+
+def _sample_offsets(size: int, count: int = 4) -> list[int]:
+    """``count`` block offsets spread evenly over a file of ``size`` bytes (first and last
+    block included): where a large file is sampled at every load."""
+    last = max(0, size - SAMPLE_BYTES)
+    return sorted({int(x) for x in np.linspace(0, last, count)})
+
+
+def _sample_sha256(path: pathlib.Path, offsets: Sequence[int]) -> str:
+    """SHA-256 of the ``SAMPLE_BYTES`` blocks of ``path`` at ``offsets``."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for offset in offsets:
+            f.seek(offset)
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
 # -- exact top-k in JAX ----------------------------------------------------------------------
 
 def _blocked_topk(q_BD, c_ND, k: int, block: int, n_valid, offset):
     """Top-k of ``q_BD @ c_ND.T`` scanning ``c_ND`` in blocks (memory ``O(B·block)``); rows
-    ``>= n_valid`` are ignored and ``offset`` is added to the returned row numbers."""
+    at or past ``n_valid`` (a traced bound: the corpus's padding rows) are ignored and
+    ``offset`` is added to the returned row numbers. The blocks' own padding (``c_ND`` cut
+    into whole blocks) is never visible, whatever ``n_valid`` says: on a device that is not
+    the last, ``n_valid`` exceeds its own row count."""
     n = c_ND.shape[0]
     block = min(block, n)
     n_blocks = -(-n // block)
     c_blocks = jnp.pad(c_ND, ((0, n_blocks * block - n), (0, 0))).reshape(n_blocks, block, -1)
     starts = jnp.arange(n_blocks) * block
     kb = min(k, block)
+    limit = jnp.minimum(n_valid, n)
 
     def one_block(args):
         cb, start = args
         s = jnp.dot(q_BD.astype(cb.dtype), cb.T, preferred_element_type=jnp.float32)
-        s = jnp.where(start + jnp.arange(block)[None, :] < n_valid, s, -jnp.inf)
+        s = jnp.where(start + jnp.arange(block)[None, :] < limit, s, -jnp.inf)
         vals, idx = jax.lax.top_k(s, kb)
         return vals, idx + start + offset
 
@@ -223,11 +248,15 @@ def _checked_queries(queries_BD, dim: int, k: int) -> np.ndarray:
 
 
 def _set_nprobe(index, nprobe: int) -> bool:
-    """Set the IVF lists searched per query; False for an index without inverted lists."""
+    """Set the IVF lists searched per query through FAISS's parameter space (which reaches
+    inside pre-transforms, shards and replicas; ``GpuParameterSpace`` for GPU indexes, which
+    ``extract_index_ivf`` does not accept); False for an index without inverted lists."""
     import faiss
 
+    gpu = faiss.get_num_gpus() > 0 and hasattr(faiss, "GpuParameterSpace")
+    space = faiss.GpuParameterSpace() if gpu else faiss.ParameterSpace()
     try:
-        faiss.extract_index_ivf(index).nprobe = nprobe
+        space.set_index_parameter(index, "nprobe", int(nprobe))
     except RuntimeError:
         return False
     return True
@@ -286,13 +315,11 @@ class NpyRows:
             raise IndexLoadError(f"{self.path}: embedding dimension {shape[1]}, the "
                                  f"retriever's is {dim}")
         self._fd = os.open(self.path, os.O_RDONLY)
+        # a finalizer, not __del__: it runs before interpreter teardown, so never warns
+        weakref.finalize(self, os.close, self._fd)
 
     def __len__(self) -> int:
         return self.shape[0]
-
-    def __del__(self):
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         raw = os.pread(self._fd, (hi - lo) * self.row_bytes, self.offset + lo * self.row_bytes)
@@ -549,6 +576,11 @@ class Index:
             if full or st.st_size <= SMALL_FILE_BYTES or st.st_mtime_ns != info["mtime_ns"]:
                 if _sha256(path) != info["sha256"]:
                     raise IndexLoadError(f"{path}: checksum mismatch, the file is corrupt")
+            elif "sample_offsets" in info and _sample_sha256(
+                    path, info["sample_offsets"]) != info["sample_sha256"]:
+                raise IndexLoadError(f"{path}: sampled blocks differ from the manifest's "
+                                     "hashes, the file is corrupt (replug index verify "
+                                     "checks it whole)")
 
     @classmethod
     def verify(cls, directory: str | pathlib.Path) -> dict:
@@ -600,6 +632,7 @@ class Index:
         if store.checksum != manifest["corpus_checksum"]:
             raise IndexLoadError(f"{d / STORE}: passages of another corpus than the manifest's")
         index = cls(shards, store, manifest, gpu=gpu)
+        index.set_nprobe(manifest.get("nprobe", 16))  # the manifest's, not the file's own
         if manifest.get("rerank_factor"):
             index._vectors = [NpyRows(d / spec["dir"] / "vectors.npy",
                                       n=spec["hi"] - spec["lo"], dim=manifest["dim"])
@@ -662,10 +695,16 @@ def _read_shard_info(sd: pathlib.Path) -> dict:
 
 
 def _shard_key(manifest: dict) -> dict:
+    """Every setting that changes a FAISS shard's bytes: a shard whose ``shard.json`` differs
+    in any of them belongs to another build. (``nprobe`` is a search setting, applied from the
+    manifest at load, so it is not part of the key.)"""
     enc = manifest.get("encoder", {})
     return {"corpus_checksum": manifest["corpus_checksum"], "factory": manifest["factory"],
             "encoder_fingerprint": enc.get("fingerprint"), "similarity": enc.get("similarity"),
-            "dim": manifest["dim"]}
+            "pooling": enc.get("pooling"), "max_length": enc.get("max_length"),
+            "dim": manifest["dim"], "embeddings": manifest.get("embeddings_key"),
+            "train_size": manifest.get("train_size"),
+            "rerank_factor": manifest.get("rerank_factor", 0)}
 
 
 def _check_shard(sd: pathlib.Path, info: dict, spec: dict, manifest: dict) -> None:
@@ -674,6 +713,15 @@ def _check_shard(sd: pathlib.Path, info: dict, spec: dict, manifest: dict) -> No
         if info.get(key) != value:
             raise IndexLoadError(f"{sd}: a shard of another index ({key} is {info.get(key)!r}, "
                                  f"this index needs {value!r}); rebuild it")
+
+
+def _embeddings_key(path: str | pathlib.Path) -> dict:
+    """What identifies a user's embeddings file without reading it: its resolved path, size,
+    modification time and a hash of its header and first and last MiB."""
+    path = pathlib.Path(path).resolve()
+    st = path.stat()
+    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "sample_sha256": _sample_sha256(path, _sample_offsets(st.st_size, 2))}
 
 
 def _exact_scores(q_BD: np.ndarray, vectors: "NpyRows", rows_BF: np.ndarray) -> np.ndarray:
@@ -725,6 +773,10 @@ def _finish(d: pathlib.Path, manifest: dict) -> None:
         st = (d / name).stat()
         files[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
                        "sha256": _sha256(d / name)}
+        if st.st_size > SMALL_FILE_BYTES:  # sampled at every load, hashed whole by verify
+            offsets = _sample_offsets(st.st_size)
+            files[name].update(sample_offsets=offsets,
+                               sample_sha256=_sample_sha256(d / name, offsets))
     write_json_atomic({**manifest, "files": files}, d / "manifest.json")
 
 
@@ -855,8 +907,11 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
                 "shards": [{"dir": f"shard-{s:05d}", "lo": int(bounds[s]),
                             "hi": int(bounds[s + 1])} for s in range(num_shards)],
                 "truncated_passages": getattr(retriever, "truncated", 0) - before,
+                "train_size": train_size,
                 **({"rerank_factor": int(rerank)} if rerank else {}),
-                **({"embeddings": str(embeddings)} if embeddings is not None else {}),
+                **({"embeddings": str(embeddings),
+                    "embeddings_key": _embeddings_key(embeddings)}
+                   if embeddings is not None else {}),
                 **(extra or {})}
     for s in range(pid, num_shards, pcount):
         spec = manifest["shards"][s]
@@ -864,9 +919,10 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
         if (sd / "shard.json").exists():
             try:
                 _check_shard(sd, _read_shard_info(sd), spec, manifest)
-                continue  # finished by an earlier run
-            except IndexLoadError:
-                pass
+                continue  # finished by an earlier run with the same settings
+            except IndexLoadError as err:
+                if progress:
+                    print(f"rebuilding {spec['dir']}: {str(err).split(': ', 1)[-1]}")
         ix = build_faiss(source, spec["lo"], spec["hi"], factory, nprobe=nprobe,
                          train_size=train_size, seed=s, progress=progress)
         _write_shard(sd, ix, spec["lo"], spec["hi"], manifest, source)

@@ -27,7 +27,7 @@ class LSRConfig:
     chunk_unit: Literal["words", "tokens"] = "words"  # tokens: the LM's tokenizer (§5.2: 128)
     # lm task: passages of an example's own document that overlap its window ("window"), all
     # of that document's passages ("document") or none ("none") are never retrieved for it
-    leakage: Literal["window", "document", "none"] = "window"
+    leakage: Literal["window", "document", "none"] = "document"
     context_tokens: int = 128  # lm task: x = first 128 tokens, y = next 128 (§5.2)
     continuation_tokens: int = 128
     query_max_length: int = 128
