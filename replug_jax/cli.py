@@ -140,8 +140,9 @@ def _make_lm(args):
     if args.api_base:
         from replug_jax.lm.api_scorer import APIScorer
 
-        return APIScorer(args.api_base, model=args.api_model, tokenizer=args.api_tokenizer,
-                         timeout=args.api_timeout)
+        return APIScorer.connect(args.api_base, model=args.api_model,
+                                 tokenizer=args.api_tokenizer, timeout=args.api_timeout,
+                                 endpoint=args.api_endpoint, max_retries=args.api_retries)
     from replug_jax.lm.flax_scorer import FlaxLM
 
     return FlaxLM.load(args.lm, dtype=args.dtype, max_context=args.max_context)
@@ -178,14 +179,16 @@ def _make_pipeline(args, mode: str):
 
 
 def _cmd_score(args) -> int:
-    from replug_jax.replug import summarize
     from replug_jax.fileio import read_jsonl
+    from replug_jax.lm.scorer import SCORE, require
+    from replug_jax.replug import summarize
 
     rows = read_jsonl(args.input)
     for i, r in enumerate(rows):
         if "context" not in r or "continuation" not in r:
             raise ValueError(f"{args.input}: line {i + 1} needs 'context' and 'continuation'")
     pipe = _make_pipeline(args, args.baseline)
+    require(pipe.lm, SCORE, "scoring")  # a server that cannot score says so in one line
     results = []
     from tqdm.auto import tqdm
 
@@ -220,7 +223,9 @@ def _print_generation(r, title: str) -> None:
     c = r.cost
     print(f"  cost: {c['lm_calls']} LM rows, {c['input_tokens']} input + {c['output_tokens']} "
           f"output tokens, LM {c['lm_seconds']:.2f}s, retrieval {c['retrieval_seconds']:.2f}s, "
-          f"wall {c['wall_seconds']:.2f}s")
+          f"wall {c['wall_seconds']:.2f}s"
+          + (f"; the server reused {c['cached_input_tokens']} cached prompt tokens"
+             if c.get("cached_input_tokens") else ""))
 
 
 def _cmd_generate(args) -> int:
@@ -391,9 +396,37 @@ def _add_pipeline_args(p: argparse.ArgumentParser, index_required: bool = False)
                    help="use an OpenAI-compatible server at this URL instead of --lm (API key "
                    "from $REPLUG_API_KEY or $OPENAI_API_KEY)")
     p.add_argument("--api-model", default=None, help="model name sent to the API")
+    p.add_argument("--api-endpoint", choices=("completions", "chat"), default="completions",
+                   help="completions (default): /v1/completions with the raw prompt; chat: "
+                   "/v1/chat/completions with the prompt as one user turn (the server applies "
+                   "its chat template) and the text generated so far as a final assistant "
+                   "message to continue. Chat endpoints give no prompt log-probs, so scoring "
+                   "needs completions. The server is probed first (`replug api check`)")
     p.add_argument("--api-tokenizer", default=None,
                    help="local tokenizer source for the API's model (for document truncation)")
     p.add_argument("--api-timeout", type=float, default=60.0, help="API timeout in seconds")
+    p.add_argument("--api-retries", type=int, default=4,
+                   help="retries of an API request after a 429, a 5xx, a timeout or a failed "
+                   "connection (exponential backoff from 0.5 s)")
+
+
+def _cmd_api_check(args) -> int:
+    from replug_jax.lm.api_scorer import APIScorer
+
+    api = APIScorer(args.api_base, model=args.api_model, timeout=args.api_timeout,
+                    endpoint=args.api_endpoint, scoring="auto", max_retries=args.api_retries)
+    caps = api.probe(top_n=args.top_n)
+    if args.json:
+        print(json.dumps(caps.to_json(), ensure_ascii=False))
+        return 0
+    rows = caps.table()
+    width = max(len(r[0]) for r in rows)
+    print(f"server: {caps.base_url}")
+    for what, answer, detail in rows:
+        print(f"  {what:<{width}}  {answer:<20} {detail}")
+    if not caps.scoring:
+        print(f"note: {caps.refusal('scoring')}")
+    return 0
 
 
 def _add_json(p: argparse.ArgumentParser) -> None:
@@ -553,6 +586,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(srv)
     srv.set_defaults(func=_cmd_serve)
 
+    api = sub.add_parser("api", help="check what an OpenAI-compatible LM server can do")
+    asub = api.add_subparsers(dest="api_command", required=True)
+    chk = asub.add_parser("check", help="probe a server: echo / prompt_logprobs scoring, "
+                          "top-n log-probs (largest n), conformance of its scores",
+                          description="Probe an OpenAI-compatible server the way score, ask, "
+                          "generate and train-lsr do before any work, and print what it can "
+                          "do: scoring supplied text (echo or vLLM's prompt_logprobs, checked "
+                          "on a counting sequence), top-n log-probs of generated tokens (the "
+                          "largest n it honours; REPLUG's ensemble is then approximate), and "
+                          "whether it reports a prompt cache.")
+    chk.add_argument("--api-base", required=True, help="server URL, e.g. http://127.0.0.1:8081")
+    chk.add_argument("--api-model", default=None, help="model name sent to the API")
+    chk.add_argument("--api-endpoint", choices=("completions", "chat"), default="completions",
+                     help="which endpoint to probe (chat: /v1/chat/completions)")
+    chk.add_argument("--api-timeout", type=float, default=30.0, help="timeout per request (s)")
+    chk.add_argument("--api-retries", type=int, default=2,
+                     help="retries of 429/5xx answers and failed connections")
+    chk.add_argument("--top-n", type=int, default=20,
+                     help="the largest n of top log-probs to try (OpenAI allows 20)")
+    _add_json(chk)
+    chk.set_defaults(func=_cmd_api_check)
+
     tr = sub.add_parser("train-lsr", help="REPLUG LSR: train the retriever from LM likelihoods",
                         description="Train the retriever so that its distribution over the "
                         "top-k documents matches the frozen LM's (paper §4). Resumes "
@@ -598,6 +653,8 @@ def check_args(args) -> None:
     positive("max_context", "--max-context")
     positive("chunk_size", "--chunk-size")
     positive("nprobe", "--nprobe")
+    positive("top_n", "--top-n")
+    positive("api_retries", "--api-retries", strict=False)
     positive("shards", "--shards")
     positive("embed_shard_rows", "--embed-shard-rows")
     positive("train_size", "--train-size")
@@ -645,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     from replug_jax.extras import MissingExtraError
+    from replug_jax.lm.scorer import CapabilityError
 
     warnings.formatwarning = _one_line_warning  # warnings stay visible, without source lines
     args = build_parser().parse_args(argv)
@@ -652,7 +710,14 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)
         _setup_jax()
         return args.func(args)
-    except (ValueError, FileNotFoundError, MissingExtraError) as err:
+    except (ValueError, FileNotFoundError, MissingExtraError, CapabilityError) as err:
+        print(f"replug: error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # the API client's errors, without importing httpx here
+        from replug_jax.lm.api_scorer import APIError
+
+        if not isinstance(err, APIError):
+            raise
         print(f"replug: error: {err}", file=sys.stderr)
         return 2
 

@@ -32,12 +32,12 @@ from replug_jax.core.ensemble import (
     mixture_logprobs,
     perplexity,
     retrieval_log_weights,
+    top_n_mixture_bounds,
 )
 from replug_jax.lm.scorer import (
     NEXT_TOKEN,
     SCORE,
     TOP_LOGPROBS,
-    CapabilityError,
     require,
     stop_position,
 )
@@ -433,37 +433,42 @@ class Replug:
         return final
 
     def _generate_stepwise(self, groups, max_new_tokens, temperature, top_p, stop, seed):
-        """Coordinated decoding through an API: one call per branch per token."""
+        """Coordinated decoding through an API: one call per branch per token (the K calls of
+        a step run concurrently; a server with a prompt cache, such as llama.cpp's, re-reads
+        only the new tokens of each branch)."""
         import jax
 
         from replug_jax.core.sampling import choose_token
 
         exact = NEXT_TOKEN in self.lm.capabilities
         if not exact and TOP_LOGPROBS not in self.lm.capabilities:
-            raise CapabilityError(f"{self.lm.name!r} exposes neither next-token distributions "
-                                  "nor top log-probs: REPLUG's ensemble cannot be computed "
-                                  "(only retrieve-and-prompt, which is not REPLUG)")
-        approximation = None if exact else (
-            f"approximate ensemble: only the top-{self.top_n} log-probs per branch are known; "
-            "the mixture is taken over the union of returned tokens, a token missing from a "
-            "branch's top-n counting as probability 0 there (a lower bound)")
+            require(self.lm, TOP_LOGPROBS, "REPLUG generation (the LM exposes neither "
+                    "next-token distributions nor top log-probs: only retrieve-and-prompt, "
+                    "which is not REPLUG)")
+        server = getattr(self.lm, "server", None)
+        top_n = min(self.top_n, server.top_n) if server is not None and server.top_n else \
+            self.top_n
         rng = jax.random.PRNGKey(seed)
-        outs = []
+        outs, widest = [], 0.0
         for g in groups:
             text, toks, mix_lps, branch_lps, stopped = "", [], [], [], "length"
             for _ in range(max_new_tokens):
                 rng, sub = jax.random.split(rng)
-                prompts = [p + text for p in g.prompts]
                 if exact:
-                    lp_KV = self.lm.next_token_logprobs(prompts)
+                    lp_KV = self.lm.next_token_logprobs([p + text for p in g.prompts])
                     vocab = None
+                    mix_V = np.asarray(mixture_logprobs(lp_KV[None], g.log_weights[None]))[0]
                 else:
-                    tops = self.lm.top_logprobs(prompts, self.top_n)
+                    tops = self.lm.top_logprobs(g.prompts, top_n, generated=text)
                     vocab = sorted(set().union(*[t.keys() for t in tops]))
                     lp_KV = np.array([[t.get(v, -np.inf) for v in vocab] for t in tops],
                                      np.float32)
-                mix_V = np.asarray(mixture_logprobs(lp_KV[None], g.log_weights[None]))[0]
+                    lower_V, upper_V = (np.asarray(x) for x in top_n_mixture_bounds(
+                        lp_KV, g.log_weights))
+                    mix_V = lower_V
                 tok = int(choose_token(mix_V[None], sub, temperature, top_p)[0])
+                if vocab is not None:
+                    widest = max(widest, float(upper_V[tok] - lower_V[tok]))
                 piece = (self.lm.tokenizer.decode([tok]) if vocab is None else vocab[tok])
                 eos = getattr(self.lm, "eos_token", None)
                 if piece == "" or (eos is not None and piece == eos):
@@ -480,4 +485,11 @@ class Replug:
                     break
             br = np.stack(branch_lps, axis=1) if branch_lps else np.zeros((len(g.prompts), 0))
             outs.append((text, toks, np.array(mix_lps, np.float32), br, stopped))
+        approximation = None if exact else (
+            f"approximate ensemble: only the top-{top_n} log-probs per branch are known; each "
+            "token is chosen from the mixture over the union of returned tokens with a token "
+            "missing from a branch's top-n at probability 0 there (a lower bound); the exact "
+            "mixture of every chosen token is at most "
+            f"{widest:.3g} nats above the reported log-prob (a missing token has at most the "
+            "branch's n-th probability and its leftover mass)")
         return outs, approximation

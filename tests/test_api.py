@@ -1,6 +1,7 @@
 """The HTTP backend against `replug serve` on 127.0.0.1, and its failure handling."""
 
 import json
+import re
 import socket
 import threading
 import time
@@ -191,3 +192,223 @@ def test_text_only_backend_refuses_replug():
         pipe.score(["a"], ["b"])
     with pytest.raises(CapabilityError, match="neither next-token"):
         pipe.generate(["a"], 2)
+
+
+# -- recorded responses of real servers (tests/fixtures/api, captured by hand) ------------------
+
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures" / "api"
+
+
+def _recorded(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def _replay(name: str):
+    """A transport answering like the recorded server: by the kind of request."""
+    rec = _recorded(name)
+
+    def handler(request):
+        body = json.loads(request.content)
+        if request.url.path.endswith("/chat/completions"):
+            kind = "chat_top_n"
+        elif body.get("echo"):
+            kind = "echo"
+        elif "prompt_logprobs" in body:
+            kind = "prompt_logprobs"
+        else:
+            kind = "top_n"
+        return httpx.Response(rec[kind]["status"], json=rec[kind]["response"])
+
+    return httpx.MockTransport(handler)
+
+
+def test_both_logprob_shapes_parse_the_same_top_tokens():
+    """llama.cpp's /v1/completions answers in the per-token content[] shape, replug serve in
+    the legacy one; both give " Berlin" first with nearly the same log-prob (Q4_1 weights in
+    llama.cpp, float32 dequantised in ours), and both chat answers parse as content[]."""
+    from replug_jax.lm.api_scorer import parse_logprobs
+
+    tops = {}
+    for name in ("llama_cpp_server", "replug_serve"):
+        rec = _recorded(name)
+        block = parse_logprobs(rec["top_n"]["response"]["choices"][0]["logprobs"])
+        assert block.tokens == [" Berlin"] and len(block.top[0]) == 5
+        tops[name] = block.top[0]
+        chat = parse_logprobs(rec["chat_top_n"]["response"]["choices"][0]["logprobs"])
+        assert "".join(chat.tokens) == "The capital" and len(chat.top[0]) == 3
+        assert max(chat.top[0], key=chat.top[0].get) == chat.tokens[0]
+    assert abs(tops["llama_cpp_server"][" Berlin"] - tops["replug_serve"][" Berlin"]) < 0.1
+    assert max(tops["llama_cpp_server"], key=tops["llama_cpp_server"].get) == " Berlin"
+
+
+def test_probe_of_recorded_servers_picks_the_path_or_refuses_in_one_line():
+    from replug_jax.lm.api_scorer import APICapabilityError
+
+    llama = APIScorer.connect("http://llama", transport=_replay("llama_cpp_server"))
+    caps = llama.server
+    assert (caps.echo, caps.prompt_logprobs, caps.top_n, caps.scoring) == (False, False, 5, None)
+    assert caps.logprob_shape == "content" and caps.cached_prompt_tokens
+    with pytest.raises(APICapabilityError, match="gives no prompt log-probs.*approximate "
+                       "ensemble from top-5") as err:
+        llama.score_continuations(["a"], ["b"])
+    assert "\n" not in str(err.value)
+    with pytest.raises(Exception, match="gives no prompt log-probs"):
+        Replug(llama, mode="none").score(["a"], ["b"])
+    ours = APIScorer.connect("http://ours", transport=_replay("replug_serve"))
+    assert ours.server.scoring == "echo" and ours.server.conformance["passed"]
+    assert ours.server.logprob_shape == "legacy"
+    [top] = llama.top_logprobs(["The capital of Germany is"], 20)
+    assert max(top, key=top.get) == " Berlin"  # n capped at what the server honoured
+
+
+@pytest.mark.parametrize("block, message", [
+    ({"content": "x"}, "content is"),
+    ({"content": [{"token": "a", "logprob": "NaN"}]}, "content\\[0\\].logprob"),
+    ({"content": [{"token": "a", "logprob": float("inf")}]}, "not a finite"),
+    ({"content": [{"token": "a", "logprob": 0.5}]}, "not a finite"),
+    ({"content": [{"logprob": -1.0}]}, "has no text"),
+    ({"content": [{"token": "a", "logprob": -1.0, "top_logprobs": "x"}]}, "top log-probs"),
+    ({"content": [{"token": "a", "logprob": -1.0,
+                   "top_logprobs": [{"token": "a", "logprob": None}]}]}, "top_logprobs"),
+    ({"tokens": ["a", "b"], "token_logprobs": [None]}, "2 tokens, 1 log-probs"),
+    ({"tokens": ["a"], "token_logprobs": [-1.0], "top_logprobs": [[1, 2]]}, "top log-probs"),
+    ({"text": "no log-probs here"}, "neither logprobs.content"),
+    (None, "no log-probs"),
+])
+def test_malformed_logprobs_are_one_clear_error(block, message):
+    from replug_jax.lm.api_scorer import APIResponseError, parse_logprobs
+
+    with pytest.raises(APIResponseError, match=message) as err:
+        parse_logprobs(block)
+    assert "\n" not in str(err.value)
+
+
+def test_same_text_alternatives_add_and_multibyte_tokens_read_from_bytes():
+    from replug_jax.lm.api_scorer import parse_logprobs
+
+    block = parse_logprobs({"content": [{"token": "\ufffd", "bytes": [0xE6, 0x9D, 0xB1],
+                                         "logprob": -0.5, "top_logprobs": [
+        {"token": "x", "logprob": np.log(0.2)}, {"token": "x", "logprob": np.log(0.3)}]}]})
+    assert block.tokens == ["東"] and block.top[0]["x"] == pytest.approx(np.log(0.5))
+
+
+# -- every failure is one line and exit 2 in the CLI -------------------------------------------
+
+class _Misbehaving:
+    """A real HTTP server whose first path segment picks a failure."""
+
+    def __init__(self):
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                mode = self.path.strip("/").split("/")[0]
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                if mode == "slow":
+                    time.sleep(2)
+                status, body = {
+                    "s401": (401, b'{"error": {"message": "invalid key sk-secret-123"}}'),
+                    "s403": (403, b'{"error": {"message": "forbidden"}}'),
+                    "s404": (404, b'{"error": {"message": "model not found"}}'),
+                    "s429": (429, b'{"error": {"message": "slow down"}}'),
+                    "s500": (500, b"Internal Server Error\n<html>\n</html>"),
+                    "badjson": (200, b"{not json"),
+                    "nologprobs": (200, b'{"choices": [{"text": "x", "logprobs": null}]}'),
+                }.get(mode, (200, b"{}"))
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # the client gave up (timeouts)
+                    pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def misbehaving():
+    srv = _Misbehaving()
+    yield srv.url
+    srv.server.shutdown()
+
+
+@pytest.mark.parametrize("where, message", [
+    ("s401", "HTTP 401: the API key is missing or wrong"),
+    ("s403", "HTTP 403"),
+    ("s404", "HTTP 404 \\(wrong --api-base"),
+    ("s429", "failed after 2 attempts .*HTTP 429"),
+    ("s500", "failed after 2 attempts .*HTTP 500"),
+    ("badjson", "malformed JSON"),
+    ("slow", "timed out after 0.5s"),
+    ("refused", "connection refused"),
+    ("dns", "unknown host"),
+])
+def test_every_api_failure_is_one_line_and_exit_2(misbehaving, where, message, capsys,
+                                                  monkeypatch, tmp_path):
+    from replug_jax import cli
+
+    monkeypatch.setenv("REPLUG_API_KEY", "sk-secret-123")
+    url = {"refused": f"http://127.0.0.1:{_free_port()}",
+           "dns": "http://no-such-host.invalid"}.get(where, f"{misbehaving}/{where}")
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text(json.dumps({"context": "a", "continuation": " b"}) + "\n")
+    for argv in (["api", "check", "--api-base", url, "--api-retries", "1", "--api-timeout",
+                  "0.5"],
+                 ["score", "--input", str(lines), "--baseline", "none", "--api-base", url,
+                  "--api-retries", "1", "--api-timeout", "0.5"]):
+        rc = cli.main(argv)
+        err = capsys.readouterr().err.strip()
+        assert rc == 2, (argv, err)
+        assert err.startswith("replug: error:") and "\n" not in err, err
+        assert "sk-secret" not in err and "Traceback" not in err
+        assert re.search(message, err), err
+
+
+def test_a_server_without_log_probs_is_refused_in_one_line(misbehaving, capsys, tmp_path):
+    from replug_jax import cli
+
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text(json.dumps({"context": "a", "continuation": " b"}) + "\n")
+    assert cli.main(["api", "check", "--api-base", f"{misbehaving}/nologprobs"]) == 0
+    assert "top-n of generated tokens  no" in capsys.readouterr().out
+    rc = cli.main(["score", "--input", str(lines), "--baseline", "none", "--api-base",
+                   f"{misbehaving}/nologprobs"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "gives no prompt log-probs" in err and \
+        "REPLUG cannot run" in err
+
+
+@pytest.mark.models
+def test_openai_package_is_a_client_of_replug_serve(served):
+    """The `openai` package against our server: legacy-shape echo scoring on /v1/completions
+    and content[]-shape top log-probs on /v1/chat/completions, equal to the in-process LM."""
+    openai = pytest.importorskip("openai")
+    from replug_jax.lm.server import chat_prompt
+
+    lm, url = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    text = "The capital of Germany is Berlin."
+    r = client.completions.create(model="smollm2", prompt=text, max_tokens=0, echo=True,
+                                  logprobs=0, temperature=0)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == text and lp.token_logprobs[0] is None
+    [ours] = lm.score_continuations([lp.tokens[0]], [text[len(lp.tokens[0]):]])
+    np.testing.assert_allclose(lp.token_logprobs[1:], ours.logprobs, atol=1e-4)
+    messages = [{"role": "user", "content": "What is the capital of Germany?"}]
+    chat = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=3,
+                                          temperature=0, logprobs=True, top_logprobs=4)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and len(content[0].top_logprobs) == 4
+    assert chat.choices[0].message.content == "".join(c.token for c in content)
+    exact = lm.next_token_logprobs([chat_prompt(lm, messages)])[0]
+    best = int(np.argmax(exact))
+    assert content[0].token == lm.tokenizer.decode([best])
+    assert content[0].logprob == pytest.approx(float(exact[best]), abs=1e-4)
+    assert bytes(content[0].bytes).decode() == content[0].token

@@ -234,3 +234,32 @@ def test_choose_token_greedy_nucleus_and_sampling():
     nuc = np.asarray(jax.vmap(lambda k: choose_token(logp, k, 1.0, 0.7))(keys))
     assert 0 not in nuc[:, 0]
     np.testing.assert_array_equal(jitted(logp, rng, 0.0, 1.0), [1, 0])  # jit equals eager
+
+
+def test_top_n_mixture_bounds_contain_the_exact_mixture():
+    """A small vocabulary: branches reveal only their top-n; the exact mixture (all of V)
+    lies between the bounds for every token of the union, the lower bound is the mixture
+    with missing tokens at probability 0 (hand-computed), and both equal the exact mixture
+    where every branch returned the token."""
+    from replug_jax.core.ensemble import top_n_mixture_bounds
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 4, 8):
+        logits_KV = rng.normal(size=(3, 8)) * 2
+        lp_KV = logits_KV - np.log(np.exp(logits_KV).sum(1, keepdims=True))
+        log_w_K = np.log(np.array([0.5, 0.3, 0.2]))
+        top_KV = np.full_like(lp_KV, -np.inf)
+        for k in range(3):
+            keep = np.argsort(-lp_KV[k])[:n]
+            top_KV[k, keep] = lp_KV[k, keep]
+        union = np.isfinite(top_KV).any(0)
+        lower, upper = (np.asarray(x) for x in top_n_mixture_bounds(top_KV[:, union],
+                                                                     log_w_K))
+        exact = np.log(np.exp(log_w_K[:, None] + lp_KV).sum(0))[union]
+        by_hand = np.log((np.exp(log_w_K)[:, None] * np.exp(top_KV[:, union])).sum(0))
+        np.testing.assert_allclose(lower, by_hand, rtol=1e-5)
+        assert np.all(lower <= exact + 1e-5) and np.all(exact <= upper + 1e-5)
+        everywhere = np.isfinite(top_KV[:, union]).all(0)
+        np.testing.assert_allclose(upper[everywhere], exact[everywhere], rtol=1e-5)
+        if n == 8:  # the whole vocabulary returned: exact
+            np.testing.assert_allclose(lower, exact, rtol=1e-5)

@@ -24,6 +24,7 @@ from replug_jax.core.ensemble import (
     retrieval_log_weights,
     sequence_logprob,
     sequence_score,
+    top_n_mixture_bounds,
 )
 from replug_jax.core.losses import (
     kl_divergence,
@@ -35,6 +36,7 @@ from replug_jax.core.losses import (
 
 __all__ = [
     "bits_per_byte", "doc_responsibility", "mixture_logprobs", "perplexity",
-    "retrieval_log_weights", "sequence_logprob", "sequence_score", "kl_divergence",
+    "retrieval_log_weights", "sequence_logprob", "sequence_score", "top_n_mixture_bounds",
+    "kl_divergence",
     "lm_scores_from_token_logprobs", "lsr_distributions", "lsr_loss", "marginal_nll_loss",
 ]

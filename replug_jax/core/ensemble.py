@@ -103,6 +103,42 @@ def mixture_logprobs(branch_logprobs, log_weights):
     return jax.nn.logsumexp(joint, axis=k_axis) + jnp.squeeze(shift, axis=k_axis)
 
 
+def top_n_mixture_bounds(top_logprobs_KU, log_weights_K):
+    """Bounds on REPLUG's mixture (paper §3.2) when each branch reveals only its top-n.
+
+    An API that returns the n most likely next tokens per branch (llama.cpp, OpenAI chat
+    models) leaves ``p_k(u)`` unknown for a token ``u`` outside branch k's top-n. Over the
+    union U of returned tokens the mixture ``Σ_k λ_k p_k(u)`` then lies between
+
+    * ``lower(u)``: a missing token counts as probability 0 in that branch (the rule the
+      approximate ensemble decodes with), and
+    * ``upper(u)``: a missing token counts as ``min(p_k^(n), 1 − Σ_top p_k)``, the most it can
+      have: no more than branch k's n-th most likely token, nor than its leftover mass.
+
+    Args:
+      top_logprobs_KU: ``[..., K, U]`` log-probs, ``-inf`` where ``u`` is not in branch k's
+        top-n.
+      log_weights_K: ``[..., K]`` log ensemble weights.
+
+    Returns:
+      ``(lower_U, upper_U)``: ``[..., U]`` float32 log-probs; ``lower <= upper``, equal where
+      every branch returned the token.
+    """
+    lp_KU = jnp.asarray(top_logprobs_KU, jnp.float32)
+    log_w_K = jnp.asarray(log_weights_K, jnp.float32)
+    if lp_KU.shape[:-1] != log_w_K.shape:
+        raise ValueError(f"top log-probs {lp_KU.shape} do not match weights {log_w_K.shape}")
+    present = jnp.isfinite(lp_KU)
+    lower_U = jax.nn.logsumexp(log_w_K[..., None] + lp_KU, axis=-2)
+    floor_K = jnp.min(jnp.where(present, lp_KU, jnp.inf), axis=-1)
+    seen_K = jax.nn.logsumexp(lp_KU, axis=-1)
+    left_K = jnp.log(jnp.clip(-jnp.expm1(jnp.minimum(seen_K, 0.0)), 0.0, 1.0))
+    fill_K = jnp.minimum(floor_K, left_K)
+    upper_U = jax.nn.logsumexp(
+        log_w_K[..., None] + jnp.where(present, lp_KU, fill_K[..., None]), axis=-2)
+    return lower_U, jnp.maximum(upper_U, lower_U)
+
+
 def doc_responsibility(branch_token_logprobs, log_weights):
     """Posterior responsibility of each document for each target token.
 

@@ -1,21 +1,35 @@
-"""An OpenAI-compatible completions API as the frozen black-box LM (``httpx``).
+"""An OpenAI-compatible HTTP server as the frozen black-box LM (``httpx``).
 
-Scoring supplied text uses ``/v1/completions`` with ``echo=true, max_tokens=0, logprobs=0``
-(the legacy OpenAI interface, which returns the prompt's per-token log-probs), or vLLM's
-``prompt_logprobs``. The continuation's tokens are those ending after the prompt text, found
-through ``text_offset``. Next-token information comes only as the top-n log-probs
-(``logprobs=n``), so ensembles through an API are *approximate* and labelled so.
+Servers differ in what they expose, so a client first *probes* (:meth:`APIScorer.probe`,
+``replug api check``):
 
-Robustness: the API key is read from an environment variable only and never logged; every
-request has a timeout; 429 and 5xx answers are retried with exponential backoff; at most
-``concurrency`` requests are in flight; malformed or missing log-probs raise :class:`APIError`.
-Some servers echo wrong prompt log-probs (llama.cpp's server was measured at about -10 per
-token where the model gives -0.3 to -4): :meth:`APIScorer.conformance_check` catches that.
+* **echo** — ``/v1/completions`` with ``echo=true`` returns the prompt's per-token log-probs
+  (legacy OpenAI models, llama-cpp-python, ``replug serve``): scoring supplied text;
+* **prompt_logprobs** — vLLM's field: scoring supplied text;
+* **top-n** — the n most likely next tokens of generated text (every server, n ≤ 20 for
+  OpenAI chat models, ≤ 5 for legacy completions): an *approximate* ensemble only;
+* **conformance** — scores of a counting sequence any LM predicts (a server with broken echo
+  scoring gives about -10 nats per token).
+
+Log-probs come in two shapes, both read everywhere: the legacy completions one
+(``tokens``, ``token_logprobs``, ``top_logprobs`` as a list of dicts, ``text_offset``) and the
+per-token ``content[]`` one (chat completions, llama.cpp's ``/v1/completions``:
+``content[i] = {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+"bytes"}]}``). ``endpoint="chat"`` sends the prompt as one user turn to
+``/v1/chat/completions`` (the server applies its chat template) and generated text as a final
+assistant message for the server to continue (llama.cpp does; servers that cannot continue an
+assistant message can only generate their first token that way).
+
+Failures are typed :class:`APIError` subclasses with one-line messages (connection refused,
+DNS, timeouts, 401/403 with the key never shown, 404, 429 after retries, malformed JSON or
+log-probs); 429 and 5xx answers are retried with exponential backoff; at most
+``concurrency`` requests are in flight.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import math
 import os
 import time
@@ -24,42 +38,285 @@ from typing import Sequence
 import httpx
 import numpy as np
 
-from replug_jax.lm.scorer import SCORE, TOP_LOGPROBS, ContinuationScore, CostMeter
+from replug_jax.lm.scorer import (
+    SCORE,
+    TOP_LOGPROBS,
+    CapabilityError,
+    ContinuationScore,
+    CostMeter,
+)
 
 KEY_ENV_VARS = ("REPLUG_API_KEY", "OPENAI_API_KEY")
+ENDPOINTS = ("completions", "chat")
+SCORING = ("auto", "echo", "prompt_logprobs")
 CONFORMANCE_TEXT = ("One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, "
                     "thirteen, fourteen, fifteen, sixteen, seventeen, eighteen, nineteen, twenty")
+CONFORMANCE_MIN_MEAN = -2.5  # nats per token: any competent LM predicts the counting sequence
+PROBE_PROMPT = "The capital of Germany is"
 
 
 class APIError(RuntimeError):
-    """The API failed or answered something unusable; the message says which and why."""
+    """The API failed or answered something unusable; the message is one line saying what
+    and why (never the API key)."""
+
+
+class APIConnectionError(APIError):
+    """Nothing answered: connection refused, unknown host, network down."""
+
+
+class APITimeoutError(APIError):
+    """The server did not answer within the timeout, on every attempt."""
+
+
+class APIAuthError(APIError):
+    """401 or 403: a missing or wrong API key."""
+
+
+class APINotFoundError(APIError):
+    """404: a wrong base URL, endpoint or model name."""
+
+
+class APIRateLimitError(APIError):
+    """429 on every attempt."""
+
+
+class APIServerError(APIError):
+    """Another HTTP error (4xx refusals, 5xx after retries)."""
+
+
+class APIRefusedError(APIServerError):
+    """A 4xx refusal of this request (e.g. a parameter the server does not take): the
+    server works, but not for what was asked."""
+
+
+class APIResponseError(APIError):
+    """A 200 answer that is not usable: malformed JSON, missing or malformed log-probs."""
+
+
+class APIProtocolError(APIResponseError):
+    """A 200 answer that is not an OpenAI-style response at all (not JSON, no choices)."""
+
+
+class APICapabilityError(APIError, CapabilityError):
+    """The server cannot do what was asked (e.g. scoring without prompt log-probs)."""
+
+
+# -- the two log-prob shapes ------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TokenLogprobs:
+    """Per-token log-probs of a stretch of text, whichever shape the server sent."""
+
+    tokens: list[str]
+    logprobs: list[float | None]  # None: nothing predicts it (a first token)
+    offsets: list[int]  # character offset of each token in the text they cover
+    top: list[dict[str, float] | None]  # the top-n alternatives at each position, if asked
+
+
+def _finite_logprob(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value > 1e-4:
+        raise APIResponseError(f"malformed log-probs: {where} is {value!r}, not a finite "
+                               "log-probability")
+    return float(value)
+
+
+def _token_text(entry: dict) -> str:
+    """A ``content[]`` entry's text: its bytes when given (exact, even for a token that is
+    part of a multi-byte character), else its ``token`` string."""
+    raw = entry.get("bytes")
+    if isinstance(raw, list) and all(isinstance(b, int) for b in raw):
+        return bytes(raw).decode("utf-8", errors="replace")
+    token = entry.get("token")
+    if not isinstance(token, str):
+        raise APIResponseError(f"malformed log-probs: a token entry has no text: "
+                               f"{str(entry)[:120]}")
+    return token
+
+
+def _merge_top(pairs) -> dict[str, float]:
+    """Top alternatives as ``{text: log-prob}``; two token ids with the same text (possible
+    in byte-level vocabularies) add their probabilities."""
+    out: dict[str, float] = {}
+    for text, lp in pairs:
+        out[text] = float(np.logaddexp(out[text], lp)) if text in out else lp
+    return out
+
+
+def parse_logprobs(block, start: int = 0) -> TokenLogprobs:
+    """A choice's ``logprobs`` in either shape (legacy completions or ``content[]``);
+    ``start`` is the character offset of the first token when the shape gives none."""
+    if not isinstance(block, dict):
+        raise APIResponseError(f"response has no log-probs (logprobs is {block!r})")
+    if "content" in block:
+        entries = block["content"]
+        if not isinstance(entries, list):
+            raise APIResponseError(f"malformed log-probs: content is {str(entries)[:120]}")
+        tokens, logprobs, offsets, top, pos = [], [], [], [], start
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise APIResponseError(f"malformed log-probs: content[{i}] is {e!r}")
+            text = _token_text(e)
+            tokens.append(text)
+            logprobs.append(_finite_logprob(e.get("logprob"), f"content[{i}].logprob"))
+            offsets.append(pos)
+            pos += len(text)
+            alts = e.get("top_logprobs")
+            top.append(None if alts is None else _merge_top(
+                (_token_text(a), _finite_logprob(a.get("logprob"),
+                                                 f"content[{i}].top_logprobs"))
+                for a in alts) if isinstance(alts, list) else _bad_top(alts))
+        return TokenLogprobs(tokens, logprobs, offsets, top)
+    try:
+        tokens, values = list(block["tokens"]), list(block["token_logprobs"])
+    except (KeyError, TypeError) as err:
+        raise APIResponseError("response lacks log-probs (neither logprobs.content nor "
+                               "logprobs.tokens/token_logprobs)") from err
+    offsets = block.get("text_offset")
+    if offsets is None:
+        offsets = list(np.cumsum([start] + [len(t) for t in tokens[:-1]])) if tokens else []
+    raw_top = block.get("top_logprobs") or [None] * len(tokens)
+    if not (len(values) == len(offsets) == len(raw_top) == len(tokens)):
+        raise APIResponseError(f"malformed log-probs: {len(tokens)} tokens, {len(values)} "
+                               f"log-probs, {len(offsets)} offsets, {len(raw_top)} top entries")
+    logprobs = [None if v is None else _finite_logprob(v, f"token_logprobs[{i}]")
+                for i, v in enumerate(values)]
+    top = [None if t is None else _merge_top(
+        (tok, _finite_logprob(v, f"top_logprobs[{i}][{tok!r}]")) for tok, v in t.items())
+        if isinstance(t, dict) else _bad_top(t) for i, t in enumerate(raw_top)]
+    return TokenLogprobs([str(t) for t in tokens], logprobs, [int(o) for o in offsets], top)
+
+
+def _bad_top(value):
+    raise APIResponseError(f"malformed top log-probs: {str(value)[:120]}")
+
+
+def parse_prompt_logprobs(entries) -> TokenLogprobs:
+    """vLLM's ``prompt_logprobs``: one ``{token_id: {"logprob", "decoded_token"}}`` per prompt
+    token (None for the first)."""
+    if not isinstance(entries, list):
+        raise APIResponseError("response lacks prompt_logprobs")
+    tokens, logprobs, offsets, pos = [], [], [], 0
+    for i, e in enumerate(entries):
+        if e is None:
+            tokens.append("")
+            logprobs.append(None)
+        else:
+            try:
+                (_, info), = list(e.items())[:1]
+                tok = str(info.get("decoded_token", ""))
+            except (AttributeError, ValueError, TypeError) as err:
+                raise APIResponseError(f"malformed prompt_logprobs[{i}]: {str(e)[:120]}") \
+                    from err
+            tokens.append(tok)
+            logprobs.append(_finite_logprob(info.get("logprob"), f"prompt_logprobs[{i}]"))
+        offsets.append(pos)
+        pos += len(tokens[-1])
+    return TokenLogprobs(tokens, logprobs, offsets, [None] * len(tokens))
+
+
+# -- what a server can do ----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class ServerCapabilities:
+    """What :meth:`APIScorer.probe` found, and the paths it implies."""
+
+    base_url: str
+    endpoint: str
+    echo: bool = False
+    prompt_logprobs: bool = False
+    top_n: int = 0  # the largest n of top log-probs the server honoured (0: none)
+    logprob_shape: str | None = None  # "legacy" or "content"
+    conformance: dict | None = None  # {"mean_logprob", "tokens", "passed"} of the scoring path
+    cached_prompt_tokens: bool = False  # the server reports reusing cached prompt tokens
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def scoring(self) -> str | None:
+        """The path that scores supplied text, if one exists and passed conformance."""
+        if self.conformance is None or not self.conformance.get("passed"):
+            return None
+        return "echo" if self.echo else "prompt_logprobs" if self.prompt_logprobs else None
+
+    def refusal(self, what: str = "scoring") -> str:
+        """One line: why ``what`` cannot run on this server, and what still works."""
+        if self.echo or self.prompt_logprobs:
+            why = (f"its prompt log-probs fail the conformance check (mean "
+                   f"{self.conformance['mean_logprob']:.2f} nats/token on a counting sequence, "
+                   f"need > {CONFORMANCE_MIN_MEAN})" if self.conformance else
+                   "its prompt log-probs could not be checked")
+        else:
+            why = "it gives no prompt log-probs"
+        rest = (f"generation works as an approximate ensemble from top-{self.top_n} log-probs"
+                if self.top_n else "it gives no top log-probs either, so REPLUG cannot run "
+                "on it at all")
+        return (f"{self.base_url}: {what} cannot run: {why}; scoring (LSR supervision, "
+                f"perplexity, answer likelihood) needs echo or prompt_logprobs; {rest}")
+
+    def table(self) -> list[tuple[str, str, str]]:
+        conf = self.conformance
+        return [
+            ("endpoint", f"/v1/{'chat/' if self.endpoint == 'chat' else ''}completions",
+             "chat: the prompt as one user turn" if self.endpoint == "chat" else "raw prompt"),
+            ("echo of prompt log-probs", _yes(self.echo), "echo=true on /v1/completions"),
+            ("prompt_logprobs (vLLM)", _yes(self.prompt_logprobs), ""),
+            ("top-n of generated tokens", f"n ≤ {self.top_n}" if self.top_n else "no",
+             f"{self.logprob_shape} log-prob shape" if self.logprob_shape else ""),
+            ("conformance of scores",
+             "—" if conf is None else "pass" if conf["passed"] else "FAIL",
+             "" if conf is None else f"mean {conf['mean_logprob']:.2f} nats/token over "
+                                     f"{conf['tokens']} tokens"),
+            ("prompt cache reported", _yes(self.cached_prompt_tokens),
+             "usage.prompt_tokens_details.cached_tokens"),
+            ("scoring (LSR, perplexity)", self.scoring or "no", ""),
+            ("REPLUG generation", "approximate (top-n)" if self.top_n else "no",
+             "exact needs full next-token distributions (replug serve in-process)"),
+        ]
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "scoring": self.scoring}
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 class APIScorer:
-    """:class:`~replug_jax.lm.scorer.LMScorer` over an OpenAI-compatible HTTP server."""
+    """:class:`~replug_jax.lm.scorer.LMScorer` over an OpenAI-compatible HTTP server.
 
-    capabilities = frozenset({SCORE, TOP_LOGPROBS})
+    Construct it with :meth:`connect` (probes the server and picks the scoring path) or
+    directly (then ``scoring`` is trusted as given until :meth:`probe` runs).
+    """
 
-    def __init__(self, base_url: str, *, model: str | None = None, timeout: float = 60.0,
-                 max_retries: int = 4, backoff: float = 0.5, concurrency: int = 4,
-                 scoring: str = "echo", tokenizer: str | None = None,
-                 max_context: int | None = None, transport: httpx.BaseTransport | None = None):
-        if scoring not in ("echo", "prompt_logprobs"):
-            raise ValueError(f"scoring must be 'echo' or 'prompt_logprobs', got {scoring!r}")
+    def __init__(self, base_url: str, *, model: str | None = None,
+                 endpoint: str = "completions", timeout: float = 60.0, max_retries: int = 4,
+                 backoff: float = 0.5, concurrency: int = 4, scoring: str = "echo",
+                 tokenizer: str | None = None, max_context: int | None = None,
+                 transport: httpx.BaseTransport | None = None):
+        if scoring not in SCORING:
+            raise ValueError(f"scoring must be one of {SCORING}, got {scoring!r}")
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint must be one of {ENDPOINTS}, got {endpoint!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.endpoint = endpoint
         self.name = f"api:{model or self.base_url}"
         self.scoring = scoring
         self.max_retries = max_retries
         self.backoff = backoff
         self.concurrency = concurrency
         self.cost = CostMeter()
+        self.cached_tokens = 0  # prompt tokens the server says it reused from its cache
         self.max_context = max_context
         self.eos_token = None
+        self.server: ServerCapabilities | None = None
+        self.capabilities = frozenset({SCORE, TOP_LOGPROBS} if endpoint == "completions"
+                                      else {TOP_LOGPROBS})
         headers = {}
         key = next((os.environ[v] for v in KEY_ENV_VARS if os.environ.get(v)), None)
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        self._key = key  # only to redact it from anything a server echoes back
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers,
                                     transport=transport)
         self.timeout = timeout
@@ -69,40 +326,85 @@ class APIScorer:
 
             self._tokenizer = load_tokenizer(tokenizer)
 
+    @classmethod
+    def connect(cls, base_url: str, **kwargs) -> "APIScorer":
+        """An :class:`APIScorer` whose capabilities come from :meth:`probe`."""
+        scorer = cls(base_url, **{"scoring": "auto", **kwargs})
+        scorer.probe()
+        return scorer
+
     def __repr__(self) -> str:  # never show headers (the key)
-        return f"APIScorer({self.base_url!r}, model={self.model!r})"
+        return f"APIScorer({self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
 
     # -- HTTP ----------------------------------------------------------------------------------
 
-    def _post(self, payload: dict) -> dict:
+    def _post(self, payload: dict, route: str | None = None) -> dict:
+        """POST with retries; every failure is an :class:`APIError` whose message never
+        holds the API key (a server may echo it back)."""
+        try:
+            return self._post_unredacted(payload, route)
+        except APIError as err:
+            message = str(err)
+            if self._key:
+                message = message.replace(self._key, "***")
+            raise type(err)(message) from None
+
+    def _post_unredacted(self, payload: dict, route: str | None) -> dict:
+        route = route or ("/v1/chat/completions" if self.endpoint == "chat"
+                          else "/v1/completions")
         if self.model:
             payload = {"model": self.model, **payload}
-        last = ""
-        for attempt in range(self.max_retries + 1):
+        where = f"{self.base_url}{route}"
+        last, kind = "", APIServerError
+        attempts = self.max_retries + 1
+        for attempt in range(attempts):
             t0 = time.perf_counter()
             try:
-                resp = self._client.post("/v1/completions", json=payload)
+                resp = self._client.post(route, json=payload)
             except httpx.TimeoutException:
-                last = f"timed out after {self.timeout:g}s"
+                last, kind = f"timed out after {self.timeout:g}s", APITimeoutError
             except httpx.TransportError as err:
-                last = f"transport error: {type(err).__name__}: {err}"
+                last, kind = _transport_reason(err), APIConnectionError
             else:
                 if resp.status_code == 200:
                     try:
                         body = resp.json()
-                    except ValueError as err:
-                        raise APIError(f"{self.base_url}/v1/completions returned malformed "
-                                       f"JSON: {resp.text[:200]!r}") from err
-                    self.cost.add(1, 0, 0, time.perf_counter() - t0)
+                    except ValueError:
+                        raise APIProtocolError(f"{where} returned malformed JSON: "
+                                               f"{_snippet(resp.text)}") from None
+                    if not isinstance(body, dict):
+                        raise APIProtocolError(f"{where} returned {_snippet(resp.text)}, not "
+                                               "a JSON object")
+                    self._account(body, time.perf_counter() - t0)
                     return body
-                if resp.status_code != 429 and resp.status_code < 500:
-                    raise APIError(f"{self.base_url}/v1/completions answered HTTP "
-                                   f"{resp.status_code}: {resp.text[:300]}")
-                last = f"HTTP {resp.status_code}"
-            if attempt < self.max_retries:
+                status = resp.status_code
+                if status in (401, 403):
+                    raise APIAuthError(f"{where} answered HTTP {status}: the API key is "
+                                       f"missing or wrong (set ${KEY_ENV_VARS[0]} or "
+                                       f"${KEY_ENV_VARS[1]}): {_error_text(resp)}")
+                if status == 404:
+                    raise APINotFoundError(f"{where} answered HTTP 404 (wrong --api-base, "
+                                           f"endpoint or model {self.model!r}?): "
+                                           f"{_error_text(resp)}")
+                if status != 429 and status < 500:
+                    raise APIRefusedError(f"{where} answered HTTP {status}: "
+                                          f"{_error_text(resp)}")
+                last = f"HTTP {status}: {_error_text(resp)}"
+                kind = APIRateLimitError if status == 429 else APIServerError
+            if attempt < attempts - 1:
                 time.sleep(self.backoff * 2**attempt)
-        raise APIError(f"{self.base_url}/v1/completions failed after {self.max_retries + 1} "
-                       f"attempts (last: {last})")
+        raise kind(f"{where} failed after {attempts} attempt{'s' * (attempts > 1)} "
+                   f"(last: {last})")
+
+    def _account(self, body: dict, seconds: float) -> None:
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached = cached if isinstance(cached, int) and cached > 0 else 0
+        prompt_tokens = usage.get("prompt_tokens")
+        self.cached_tokens += cached
+        self.cost.add(1, prompt_tokens if isinstance(prompt_tokens, int) else 0, 0, seconds,
+                      cached=cached)
 
     def _map(self, fn, items):
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
@@ -111,54 +413,127 @@ class APIScorer:
     @staticmethod
     def _choice(body: dict) -> dict:
         try:
-            return body["choices"][0]
-        except (KeyError, IndexError, TypeError) as err:
-            raise APIError(f"response has no choices: {str(body)[:200]}") from err
+            choice = body["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise APIProtocolError(f"response has no choices: {_snippet(str(body))}") \
+                from None
+        if not isinstance(choice, dict):
+            raise APIProtocolError(f"malformed choice: {_snippet(str(choice))}")
+        return choice
+
+    def _request(self, prompt: str, *, generated: str = "", max_tokens: int = 1,
+                 top_n: int = 0, **extra) -> dict:
+        """The body of one request in this scorer's endpoint."""
+        if self.endpoint == "chat":
+            messages = [{"role": "user", "content": prompt}]
+            if generated:  # the server continues a final assistant message
+                messages.append({"role": "assistant", "content": generated})
+            body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+            if top_n:
+                body.update(logprobs=True, top_logprobs=top_n)
+            return body
+        body = {"prompt": prompt + generated, "max_tokens": max_tokens, "temperature": 0}
+        if top_n:
+            body["logprobs"] = top_n
+        return {**body, **extra}
+
+    # -- the probe -----------------------------------------------------------------------------
+
+    def probe(self, top_n: int = 20) -> ServerCapabilities:
+        """Find what the server can do (see the module docstring), set :attr:`capabilities`
+        and the scoring path from it, and return it. Costs a handful of short requests."""
+        caps = ServerCapabilities(self.base_url, self.endpoint)
+        for n in dict.fromkeys((top_n, 5, 1)):  # the largest n honoured, within top_n
+            try:
+                choice = self._choice(self._post(self._request(PROBE_PROMPT, top_n=n)))
+                block = parse_logprobs(choice.get("logprobs"))
+            except (APIRefusedError, APIResponseError) as err:
+                if isinstance(err, APIProtocolError):
+                    raise
+                caps.notes.append(f"top-{n}: {err}")
+                continue
+            if block.top and block.top[0]:
+                caps.top_n = min(n, len(block.top[0]))
+                caps.logprob_shape = "content" if "content" in choice["logprobs"] else "legacy"
+                break
+        caps.cached_prompt_tokens = self.cached_tokens > 0
+        if self.endpoint == "completions":
+            prompt, cont = CONFORMANCE_TEXT.split(", five")
+            for path in ("echo", "prompt_logprobs"):
+                if self.scoring not in ("auto", path):
+                    continue
+                try:
+                    score = self._score_one((prompt, ", five" + cont), path)
+                except (APIRefusedError, APIResponseError) as err:
+                    if isinstance(err, APIProtocolError):
+                        raise
+                    caps.notes.append(f"{path}: {err}")
+                    continue
+                setattr(caps, path, True)
+                mean = float(score.logprobs.mean())
+                caps.conformance = {"mean_logprob": mean, "tokens": len(score.logprobs),
+                                    "passed": mean > CONFORMANCE_MIN_MEAN}
+                break
+        else:
+            caps.notes.append("chat endpoints never return prompt log-probs")
+        self.server = caps
+        self.scoring = caps.scoring or "none"
+        self.capabilities = frozenset(({SCORE} if caps.scoring else set())
+                                      | ({TOP_LOGPROBS} if caps.top_n else set()))
+        return caps
+
+    def missing(self, capability: str, what: str) -> str | None:
+        """A one-line reason why ``capability`` is absent (after :meth:`probe`)."""
+        if self.server is None:
+            return None
+        if capability == SCORE:
+            return self.server.refusal(what)
+        return f"{self.base_url}: {what} needs {capability!r}; " + self.server.refusal(what)
 
     # -- capabilities --------------------------------------------------------------------------
 
-    def _score_one(self, pair: tuple[str, str]) -> ContinuationScore:
+    def _score_one(self, pair: tuple[str, str], path: str | None = None) -> ContinuationScore:
         prompt, continuation = pair
         text = prompt + continuation
-        if self.scoring == "echo":
-            body = self._post({"prompt": text, "max_tokens": 0, "echo": True, "logprobs": 0,
-                               "temperature": 0})
-            lp = self._choice(body).get("logprobs")
+        path = path or self.scoring
+        if path == "echo":
+            choice = self._choice(self._post({"prompt": text, "max_tokens": 0, "echo": True,
+                                              "logprobs": 0, "temperature": 0},
+                                             route="/v1/completions"))
             try:
-                tokens, logprobs, offsets = lp["tokens"], lp["token_logprobs"], lp["text_offset"]
-            except (KeyError, TypeError) as err:
-                raise APIError("response lacks logprobs.tokens/token_logprobs/text_offset; "
-                               "the server does not support echo scoring") from err
+                block = parse_logprobs(choice.get("logprobs"))
+            except APIResponseError as err:
+                raise APIResponseError(f"{err}; the server does not support echo scoring") \
+                    from None
+        elif path == "prompt_logprobs":
+            choice = self._choice(self._post({"prompt": text, "max_tokens": 1,
+                                              "prompt_logprobs": 0, "temperature": 0},
+                                             route="/v1/completions"))
+            block = parse_prompt_logprobs(choice.get("prompt_logprobs"))
+            missing = len(text) - len("".join(block.tokens))
+            if block.tokens and block.logprobs[0] is None and missing > 0 and \
+                    text.endswith("".join(block.tokens[1:])):
+                # the first token (no log-prob) may come without its text: it is what the
+                # others leave of the text
+                block.tokens[0] = text[:len(text) - len("".join(block.tokens[1:]))]
+                block.offsets = [0] + [o + missing for o in block.offsets[1:]]
         else:
-            body = self._post({"prompt": text, "max_tokens": 1, "prompt_logprobs": 0,
-                               "temperature": 0})
-            entries = self._choice(body).get("prompt_logprobs")
-            if not isinstance(entries, list):
-                raise APIError("response lacks prompt_logprobs; the server is not vLLM-like")
-            tokens, logprobs, offsets, pos = [], [], [], 0
-            for e in entries:
-                if e is None:
-                    tokens.append("")
-                    logprobs.append(None)
-                    offsets.append(0)
-                    continue
-                (_, info), = list(e.items())[:1]
-                tok = info.get("decoded_token", "")
-                tokens.append(tok)
-                logprobs.append(info.get("logprob"))
-                offsets.append(pos)
-                pos += len(tok)
+            raise APICapabilityError(self.server.refusal("scoring") if self.server else
+                                     f"{self.base_url}: no scoring path (scoring={path!r})")
+        tokens, logprobs, offsets = block.tokens, block.logprobs, block.offsets
         n = len(tokens)
-        if not (len(logprobs) == len(offsets) == n) or n == 0:
-            raise APIError(f"malformed logprobs: {n} tokens, {len(logprobs)} log-probs, "
-                           f"{len(offsets)} offsets")
+        covered = "".join(tokens)
+        if n == 0 or len(covered) < len(text):
+            raise APIResponseError(f"the server's echoed tokens do not cover the prompt and "
+                                   f"continuation ({len(covered)} of {len(text)} characters); "
+                                   "the server does not support echo scoring")
         ends = list(offsets[1:]) + [len(text)]
         sel = [i for i in range(n) if ends[i] > len(prompt)]
         values = [logprobs[i] for i in sel]
-        if any(v is None or not isinstance(v, (int, float)) or not math.isfinite(v)
-               or v > 1e-4 for v in values):
-            raise APIError(f"malformed log-probs for the continuation: {values[:8]}")
-        self.cost.add(0, n - len(sel), len(sel), 0.0)
+        if any(v is None for v in values):
+            raise APIResponseError(f"malformed log-probs: the continuation has tokens without "
+                                   f"a log-prob: {values[:8]}")
+        self.cost.add(0, 0, len(sel), 0.0)
         return ContinuationScore(np.full(len(sel), -1, np.int64), [tokens[i] for i in sel],
                                  np.array(values, np.float32), n - len(sel))
 
@@ -166,26 +541,27 @@ class APIScorer:
                             ) -> list[ContinuationScore]:
         return self._map(self._score_one, list(zip(prompts, continuations)))
 
-    def _top_one(self, args: tuple[str, int]) -> dict[str, float]:
-        prompt, n = args
-        body = self._post({"prompt": prompt, "max_tokens": 1, "logprobs": n, "temperature": 0})
-        lp = self._choice(body).get("logprobs")
-        try:
-            top = lp["top_logprobs"][0]
-        except (KeyError, IndexError, TypeError) as err:
-            raise APIError("response lacks logprobs.top_logprobs") from err
-        if not isinstance(top, dict) or not top:
-            raise APIError(f"malformed top_logprobs: {str(top)[:200]}")
-        out = {}
-        for tok, v in top.items():
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise APIError(f"malformed top log-prob for {tok!r}: {v!r}")
-            out[tok] = float(v)
+    def _top_one(self, args: tuple[str, str, int]) -> dict[str, float]:
+        prompt, generated, n = args
+        choice = self._choice(self._post(self._request(prompt, generated=generated, top_n=n)))
+        block = parse_logprobs(choice.get("logprobs"), start=len(prompt + generated))
+        if not block.tokens:  # the server ended before any token: the end of text is certain
+            if choice.get("finish_reason") == "stop":
+                return {"": 0.0}
+            raise APIResponseError(f"response has no generated token: {_snippet(str(choice))}")
+        top = block.top[0]
+        if not top:
+            raise APIResponseError("response lacks top log-probs of the generated token")
         self.cost.add(0, 0, 1, 0.0)
-        return out
+        return top
 
-    def top_logprobs(self, prompts: Sequence[str], n: int) -> list[dict[str, float]]:
-        return self._map(self._top_one, [(p, n) for p in prompts])
+    def top_logprobs(self, prompts: Sequence[str], n: int, generated: str = ""
+                     ) -> list[dict[str, float]]:
+        """The ``n`` most likely next tokens after each ``prompt + generated`` (with the chat
+        endpoint, ``generated`` is the assistant's text so far); the end of text is ``""``."""
+        if self.server is not None and self.server.top_n:
+            n = min(n, self.server.top_n)
+        return self._map(self._top_one, [(p, generated, n) for p in prompts])
 
     # -- tokens (for fitting documents into the context) ---------------------------------------
 
@@ -204,7 +580,7 @@ class APIScorer:
 
     def conformance_check(self, reference: Sequence[float] | None = None,
                           tolerance: float = 0.5) -> dict:
-        """Score a known, highly predictable text; refuse a server whose echo scores are off.
+        """Score a known, highly predictable text; refuse a server whose scores are off.
 
         Without a ``reference`` (per-token log-probs from a trusted in-process run) the check
         requires the counting sequence's mean log-prob to exceed -2.5 nats: any competent LM
@@ -216,12 +592,42 @@ class APIScorer:
         if reference is not None:
             ref = np.asarray(reference, np.float32)
             if ref.shape != score.logprobs.shape or np.abs(ref - score.logprobs).max() > tolerance:
-                raise APIError(f"API echo scores disagree with the reference by more than "
-                               f"{tolerance} nats; do not use this server for scoring")
-        elif mean < -2.5:
-            raise APIError(f"API echo scoring looks broken: mean log-prob {mean:.2f} on a "
-                           "counting sequence any LM predicts; do not use it for scoring")
+                raise APIResponseError(f"API scores disagree with the reference by more than "
+                                       f"{tolerance} nats; do not use this server for scoring")
+        elif mean < CONFORMANCE_MIN_MEAN:
+            raise APIResponseError(f"API scoring looks broken: mean log-prob {mean:.2f} on a "
+                                   "counting sequence any LM predicts; do not use it for "
+                                   "scoring")
         return {"mean_logprob": mean, "tokens": len(score.logprobs)}
 
     def close(self) -> None:
         self._client.close()
+
+
+def _snippet(text: str, n: int = 160) -> str:
+    """A one-line excerpt of a server's answer."""
+    flat = " ".join(str(text).split())
+    return repr(flat[:n] + ("…" if len(flat) > n else ""))
+
+
+def _error_text(resp: httpx.Response) -> str:
+    """The server's own error message (OpenAI's ``{"error": {"message"}}`` or the body)."""
+    try:
+        body = resp.json()
+        message = body["error"]["message"] if isinstance(body.get("error"), dict) else \
+            body.get("error") or body.get("detail") or body
+    except (ValueError, AttributeError, KeyError, TypeError):
+        message = resp.text
+    return _snippet(str(message))
+
+
+def _transport_reason(err: httpx.TransportError) -> str:
+    """Why a request never got an answer, in words (DNS, refused, reset)."""
+    text = str(err) or type(err).__name__
+    lowered = text.lower()
+    if "name or service not known" in lowered or "nodename nor servname" in lowered or \
+            "temporary failure in name resolution" in lowered or "getaddrinfo" in lowered:
+        return f"unknown host (DNS: {text})"
+    if "refused" in lowered:
+        return "connection refused: is the server running on that host and port?"
+    return f"{type(err).__name__}: {text}"

@@ -224,8 +224,9 @@ class FlaxLM:
         self.cost.add(len(seqs), sum(map(len, seqs)), 0, t.seconds)
         return out
 
-    def top_logprobs(self, prompts: Sequence[str], n: int) -> list[dict[str, float]]:
-        lp = self.next_token_logprobs(prompts)
+    def top_logprobs(self, prompts: Sequence[str], n: int, generated: str = ""
+                     ) -> list[dict[str, float]]:
+        lp = self.next_token_logprobs([p + generated for p in prompts])
         top = np.argsort(-lp, axis=-1)[:, :n]
         return [{self.tokenizer.decode([int(t)]): float(lp[i, t]) for t in top[i]}
                 for i in range(len(prompts))]

@@ -56,18 +56,22 @@ class CostMeter:
     input_tokens: int = 0
     output_tokens: int = 0
     lm_seconds: float = 0.0
+    cached_input_tokens: int = 0  # input tokens a server reported serving from its cache
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
-    def add(self, calls: int, input_tokens: int, output_tokens: int, seconds: float) -> None:
+    def add(self, calls: int, input_tokens: int, output_tokens: int, seconds: float, *,
+            cached: int = 0) -> None:
         with self._lock:
             self.lm_calls += calls
             self.input_tokens += input_tokens
             self.output_tokens += output_tokens
             self.lm_seconds += seconds
+            self.cached_input_tokens += cached
 
     def snapshot(self) -> dict:
         return {"lm_calls": self.lm_calls, "input_tokens": self.input_tokens,
-                "output_tokens": self.output_tokens, "lm_seconds": round(self.lm_seconds, 4)}
+                "output_tokens": self.output_tokens, "lm_seconds": round(self.lm_seconds, 4),
+                "cached_input_tokens": self.cached_input_tokens}
 
     @staticmethod
     def diff(after: dict, before: dict) -> dict:
@@ -102,8 +106,11 @@ class LMScorer(Protocol):
         """``[N, V]`` log-probs of the next token after each prompt."""
         ...
 
-    def top_logprobs(self, prompts: Sequence[str], n: int) -> list[dict[str, float]]:
-        """The ``n`` most likely next tokens (as strings) with log-probs, per prompt."""
+    def top_logprobs(self, prompts: Sequence[str], n: int, generated: str = ""
+                     ) -> list[dict[str, float]]:
+        """The ``n`` most likely next tokens (as strings) with log-probs after each
+        ``prompt + generated`` (``generated``: the text decoded so far, which a chat API
+        receives as the assistant's turn); the end of text is the empty string."""
         ...
 
     def count_tokens(self, text: str) -> int:
@@ -115,10 +122,14 @@ class LMScorer(Protocol):
 
 
 def require(scorer, capability: str, what: str) -> None:
+    """Refuse ``what`` in one line when ``scorer`` lacks ``capability`` (a scorer that knows
+    why, such as a probed API server, says so through its ``missing`` method)."""
     if capability not in scorer.capabilities:
-        raise CapabilityError(
+        missing = getattr(scorer, "missing", None)
+        reason = missing(capability, what) if missing is not None else None
+        raise CapabilityError(reason or (
             f"{what} needs the LM capability {capability!r}, which {scorer.name!r} does not "
-            f"expose (it has: {', '.join(sorted(scorer.capabilities)) or 'none'})")
+            f"expose (it has: {', '.join(sorted(scorer.capabilities)) or 'none'})"))
 
 
 def stop_position(text: str, stop) -> int | None:

@@ -1,11 +1,14 @@
 """``replug serve``: any in-process Flax LM behind an OpenAI-compatible completions API.
 
 Implements ``POST /v1/completions`` with ``prompt`` (string or list), ``max_tokens``
-(0 = score only), ``echo``, ``logprobs`` (top-n per token, OpenAI legacy format with
-``tokens``, ``token_logprobs``, ``text_offset``, ``top_logprobs``), ``temperature``
-(0 = greedy), ``top_p``, ``stop``, ``seed``, and vLLM's ``prompt_logprobs``; plus
-``GET /v1/models`` and ``GET /health``. The API backend is tested against it, and researchers
-can put any local model behind it.
+(0 = score only), ``echo``, ``logprobs`` (top-n per token, OpenAI's legacy shape with
+``tokens``, ``token_logprobs``, ``text_offset``, ``top_logprobs``, as OpenAI and vLLM answer
+it), ``temperature`` (0 = greedy), ``top_p``, ``stop``, ``seed``, and vLLM's
+``prompt_logprobs``; ``POST /v1/chat/completions`` with ``messages`` (rendered with the
+model's chat template; a final assistant message is continued), ``max_tokens`` /
+``max_completion_tokens``, ``logprobs`` / ``top_logprobs`` (the per-token ``content[]``
+shape); plus ``GET /v1/models`` and ``GET /health``. The API backend and the ``openai``
+package are tested against it, and researchers can put any local model behind it.
 
 Under load, requests wait in a bounded queue; one worker takes the oldest and, for up to
 ``batch_window_s``, every queued request that can share its forward passes (scoring requests
@@ -69,6 +72,58 @@ def _request_model():
         prompt_logprobs: int | None = None
 
     return CompletionRequest
+
+
+def _chat_request_model():
+    """OpenAI's chat-completions request, the subset that maps onto a completion."""
+    pydantic = require("pydantic", "serve", "replug serve")
+
+    class Message(pydantic.BaseModel):
+        role: str
+        content: str
+
+    class ChatRequest(pydantic.BaseModel):
+        model: str | None = None
+        messages: list[Message]
+        max_tokens: int | None = None
+        max_completion_tokens: int | None = None
+        logprobs: bool = False
+        top_logprobs: int | None = None
+        temperature: float = 1.0
+        top_p: float = 1.0
+        stop: str | list[str] | None = None
+        seed: int | None = None
+
+    return ChatRequest
+
+
+def chat_prompt(lm: "FlaxLM", messages: list[dict]) -> str:
+    """The text a chat request asks the model to continue: the messages through the model's
+    chat template with the assistant's turn opened, or, when the last message is the
+    assistant's, that message continued (a prefill)."""
+    if not getattr(lm.tokenizer, "chat_template", None):
+        raise RequestError(400, "this model has no chat template; use /v1/completions")
+    if not messages:
+        raise RequestError(400, "messages is empty")
+    head, prefill = (messages[:-1], messages[-1]["content"]) \
+        if messages[-1]["role"] == "assistant" else (messages, "")
+    if not head:
+        raise RequestError(400, "the messages need a turn before the assistant's")
+    return lm.tokenizer.apply_chat_template(head, add_generation_prompt=True,
+                                            tokenize=False) + prefill
+
+
+def content_logprobs(block: dict) -> dict:
+    """A legacy log-prob block (``tokens``, ``token_logprobs``, ``top_logprobs``) in the
+    per-token ``content[]`` shape of chat completions."""
+    def entry(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    tops = block["top_logprobs"] or [None] * len(block["tokens"])
+    return {"content": [
+        {**entry(tok, lp), "top_logprobs": [
+            entry(t, v) for t, v in sorted((top or {}).items(), key=lambda kv: -kv[1])]}
+        for tok, lp, top in zip(block["tokens"], block["token_logprobs"], tops)]}
 
 
 def _tokens_with_offsets(lm: "FlaxLM", text: str) -> tuple[list[int], list[str], list[int]]:
@@ -327,6 +382,7 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
     responses = require("fastapi.responses", "serve", "replug serve")
     FastAPI, Request, Depends = fastapi.FastAPI, fastapi.Request, fastapi.Depends
     CompletionRequest = _request_model()
+    ChatRequest = _chat_request_model()
     limits = limits or ServeLimits()
     name = model_name or lm.name
     batcher = Batcher(lm, limits)
@@ -382,17 +438,40 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
         return {"object": "list", "data": [{"id": name, "object": "model",
                                             "owned_by": "replug-jax"}]}
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    def completions(req: CompletionRequest) -> dict[str, Any]:
+    def complete(req) -> dict[str, Any]:
         prompts = validate(req, lm, limits)
         encoded = [_tokens_with_offsets(lm, prompt) for prompt in prompts]  # once per prompt
         for ids, _, _ in encoded:
             if len(lm.bos) + len(ids) + req.max_tokens > lm.max_context:
                 raise RequestError(400, f"prompt of {len(ids)} tokens plus max_tokens exceeds "
                                    f"the context of {lm.max_context}")
-        result = batcher.submit(req, prompts, encoded)
+        return batcher.submit(req, prompts, encoded)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    def completions(req: CompletionRequest) -> dict[str, Any]:
         return {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
-                "created": int(time.time()), "model": name, **result}
+                "created": int(time.time()), "model": name, **complete(req)}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    def chat_completions(req: ChatRequest) -> dict[str, Any]:
+        if req.logprobs and req.top_logprobs is None:
+            top = 0
+        elif req.top_logprobs is not None and not req.logprobs:
+            raise RequestError(400, "top_logprobs needs logprobs: true")
+        else:
+            top = req.top_logprobs if req.logprobs else None
+        max_tokens = req.max_completion_tokens or req.max_tokens or 16
+        result = complete(CompletionRequest(
+            model=req.model, prompt=chat_prompt(lm, [m.model_dump() for m in req.messages]),
+            max_tokens=max_tokens, logprobs=top, temperature=req.temperature,
+            top_p=req.top_p, stop=req.stop, seed=req.seed))
+        [choice] = result["choices"]
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion",
+                "created": int(time.time()), "model": name, "usage": result["usage"],
+                "choices": [{"index": 0, "finish_reason": choice["finish_reason"],
+                             "message": {"role": "assistant", "content": choice["text"]},
+                             "logprobs": None if choice["logprobs"] is None else
+                             content_logprobs(choice["logprobs"])}]}
 
     return app
 

@@ -29,8 +29,11 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
     if with_lm:
         if cfg.lm_api_base:
             from replug_jax.lm.api_scorer import APIScorer
+            from replug_jax.lm.scorer import SCORE, require
 
-            lm = APIScorer(cfg.lm_api_base, model=cfg.lm, max_context=cfg.lm_max_context)
+            lm = APIScorer.connect(cfg.lm_api_base, model=cfg.lm,
+                                   max_context=cfg.lm_max_context)
+            require(lm, SCORE, "LSR supervision")  # one line when the server cannot score
         else:
             from replug_jax.lm.flax_scorer import FlaxLM
 
