@@ -141,6 +141,18 @@ class Retriever:
                           f"{limit} tokens were truncated", stacklevel=3)
         return out
 
+    def tokenize_fixed(self, texts: Sequence[str], length: int, side: str = "right"
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Fixed-length ``[N, length]`` ids and mask (what a jitted training step takes), cut
+        exactly as :meth:`tokenize` cuts them."""
+        ids = self.tokenize(texts, length, side)
+        ids_NL = np.full((len(ids), length), self.model.config.pad_token_id, np.int32)
+        mask_NL = np.zeros((len(ids), length), np.int32)
+        for i, seq in enumerate(ids):
+            ids_NL[i, :len(seq)] = seq
+            mask_NL[i, :len(seq)] = 1
+        return ids_NL, mask_NL
+
     def _bucket(self, length: int) -> int:
         return next(b for b in self.buckets if b >= length)
 

@@ -144,14 +144,7 @@ class LSRTrainer:
                   ) -> tuple[np.ndarray, np.ndarray]:
         """Fixed-length ``[N, length]`` ids and mask, cut exactly as the retriever cuts them
         when it builds the index (passages) or encodes queries (``side``)."""
-        ids = self.retriever.tokenize(texts, length, side)
-        pad = self.retriever.model.config.pad_token_id
-        ids_NL = np.full((len(ids), length), pad, np.int32)
-        mask_NL = np.zeros((len(ids), length), np.int32)
-        for i, seq in enumerate(ids):
-            ids_NL[i, :len(seq)] = seq
-            mask_NL[i, :len(seq)] = 1
-        return ids_NL, mask_NL
+        return self.retriever.tokenize_fixed(texts, length, side)
 
     def _batch(self, step: int) -> tuple[dict, dict]:
         cfg = self.cfg

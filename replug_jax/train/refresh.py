@@ -32,22 +32,23 @@ class _Refresh:
     seconds: float = 0.0
 
 
-def _flat(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
+def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
     out = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(_flat(value, name + "/"))
+            out.update(flatten_params(value, name + "/"))
         else:
             out[name] = np.asarray(value)
     return out
 
 
-def _unflat(flat: dict[str, np.ndarray], like: dict, prefix: str = "") -> dict:
+def unflatten_params(flat: dict[str, np.ndarray], like: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in like.items():
         name = f"{prefix}{key}"
-        out[key] = _unflat(flat, value, name + "/") if isinstance(value, dict) else flat[name]
+        out[key] = (unflatten_params(flat, value, name + "/") if isinstance(value, dict)
+                    else flat[name])
     return out
 
 
@@ -79,14 +80,14 @@ class IndexRefresher:
         params = self.params_now()
         if self.pid == 0:
             with atomic_path(d / "params.safetensors") as tmp:
-                save_file(_flat(params), str(tmp))
+                save_file(flatten_params(params), str(tmp))
         return params
 
     def load_snapshot(self, version: int, like: dict) -> dict:
         from safetensors.numpy import load_file
 
         flat = load_file(str(self.version_dir(version) / "params.safetensors"))
-        return _unflat(flat, like)  # only the nesting of ``like`` is read
+        return unflatten_params(flat, like)  # only the nesting of ``like`` is read
 
     def build(self, version: int, params: dict | None) -> Index | DeviceIndex:
         """Index version ``version``: re-embed the corpus with ``params`` (resumably), then a

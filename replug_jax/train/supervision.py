@@ -17,6 +17,7 @@ import numpy as np
 
 from replug_jax.prompts import document_budget, document_prompt
 from replug_jax.retrieval.index import corpus_text
+from replug_jax.train.data import Example
 
 
 class LMScoreCache:
@@ -52,6 +53,23 @@ class LMScoreCache:
         self._db.close()
 
 
+def branch_prompts(examples, passages, scorer, separator: str = "\n\n") -> list[str]:
+    """The branch inputs ``d ∘ x`` REPLUG scores for (example, passage) pairs, one per pair:
+    each document cut from its end so that it, the example's context and its continuation
+    fit the LM (:func:`~replug_jax.prompts.document_prompt`, as at inference)."""
+    @functools.cache  # per example, not per (example, document) pair
+    def budget(ex: Example) -> tuple[int, int]:
+        reserve = scorer.count_tokens(ex.continuation)
+        return reserve, document_budget(scorer, ex.context, separator, reserve)
+
+    out = []
+    for ex, p in zip(examples, passages):
+        reserve, room = budget(ex)
+        out.append(document_prompt(scorer, corpus_text(p), ex.context, separator=separator,
+                                   reserve=reserve, budget=room)[0])
+    return out
+
+
 def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
               cache: LMScoreCache, separator: str = "\n\n", reduction: str = "mean",
               chunk: int = 64) -> tuple[np.ndarray, int]:
@@ -64,21 +82,10 @@ def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
     cache.hits += len(keys) - len(missing)
     cache.misses += len(missing)
     by_id = {ex.id: ex for ex in examples}
-
-    @functools.cache  # per example, not per (example, document) pair
-    def reserve(ex_id: str) -> int:
-        return scorer.count_tokens(by_id[ex_id].continuation)
-
-    @functools.cache
-    def budget(ex_id: str) -> int:
-        return document_budget(scorer, by_id[ex_id].context, separator, reserve(ex_id))
-
     for start in range(0, len(missing), chunk):  # stored chunk by chunk: a kill loses little
         part = missing[start:start + chunk]
-        prompts = [document_prompt(scorer, corpus_text(passages_by_id[d]), by_id[ex].context,
-                                   separator=separator, reserve=reserve(ex),
-                                   budget=budget(ex))[0]
-                   for ex, d in part]
+        prompts = branch_prompts([by_id[ex] for ex, _ in part],
+                                 [passages_by_id[d] for _, d in part], scorer, separator)
         conts = [by_id[ex].continuation for ex, _ in part]
         scored = scorer.score_continuations(prompts, conts)
         new = {key: (float(s.logprobs.sum()), len(s.logprobs)) for key, s in zip(part, scored)}

@@ -1,0 +1,60 @@
+"""REPLUG LSR measured properly (paper §4): a pre-scored candidate pool from a datastore that
+never holds the evaluated article, many steps of training on it, objectives and temperatures
+compared on the same LM scores, and the chosen retriever evaluated end to end (top-k from the
+re-embedded datastore, not the pool) against the base retriever on held-out test articles.
+
+Data: ``python -m experiments.prepare_wikitext`` (WikiText-2 articles split by article into
+train / dev / test; corpus = 128-token passages of every article plus NQ passages and Python
+docs). ``leakage="document"``: an example never retrieves a passage of its own article."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    retriever: str = "minilm"  # paper: Contriever
+    lm: str = "smollm2"  # paper: GPT-3 Curie
+    train_data: str = "experiments/data/wikitext/train.jsonl"
+    dev_data: str = "experiments/data/wikitext/dev.jsonl"
+    test_data: str = "experiments/data/wikitext/test.jsonl"
+    corpus: str = "experiments/data/wikitext/corpus.jsonl"
+    passage_tokens: int = 128  # §5.2: 128-token documents
+    context_tokens: int = 64  # x (paper 128): halved to halve the LM cost on 2 CPU cores
+    continuation_tokens: int = 64  # y (paper 128)
+    query_max_length: int = 128
+    doc_max_length: int = 160
+    lm_max_context: int = 512
+    leakage: str = "document"  # document | window | none
+    pool_size: int = 8  # M: the base retriever's top-M per example, scored once
+    k: int = 4  # documents retrieved within the pool (paper: 20 from the index)
+    max_train: int = 160  # examples per split (0 = all): a seeded sample across articles
+    max_dev: int = 40
+    max_test: int = 64
+    # the study: every objective at every (γ, β) of the grid, in this order (the marginal
+    # likelihood has no β: once per γ)
+    objectives: tuple = ("kl_retriever_to_lm", "marginal", "kl_lm_to_retriever")
+    grid: tuple = ((0.1, 0.1), (1.0, 1.0), (0.1, 1.0), (1.0, 0.1))
+    steps: int = 2000
+    batch_size: int = 8
+    learning_rate: float = 2e-5  # §5.2
+    refresh_every: int = 500
+    eval_every: int = 250
+    patience: int = 3
+    lm_score: str = "mean"
+    eval_temperature: float = 1.0  # τ of λ at evaluation (§3.2)
+    bootstrap_resamples: int = 10_000
+    workdir: str = "runs/lsr_study"  # pools, run results, the chosen parameters (resumable)
+    release: str = "checkpoints/replug-lsr-minilm-wikitext-pool"  # written only if it passes
+    seed: int = 0
+
+
+CONFIGS = {
+    "default": StudyConfig(),
+    # CI: seconds (a handful of examples, two variants, a few steps).
+    "tiny": StudyConfig(max_train=6, max_dev=3, max_test=3, pool_size=3, k=2,
+                        objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),),
+                        steps=4, batch_size=2, refresh_every=2, eval_every=2,
+                        context_tokens=16, continuation_tokens=16, passage_tokens=32,
+                        query_max_length=32, doc_max_length=48, bootstrap_resamples=200,
+                        release=""),
+}

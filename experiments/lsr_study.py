@@ -1,0 +1,305 @@
+"""REPLUG LSR measured properly (paper §4): pre-scored pools, objectives and temperatures
+compared on the same LM scores, and the chosen retriever evaluated end to end.
+
+1. The base retriever's top-``pool_size`` passages for every train / dev / test example, from a
+   datastore that never holds the example's own article (``leakage="document"``), are scored
+   once by the frozen LM (:func:`replug_jax.train.pool.build_pool`; resumable).
+2. For every objective (KL(P_R‖Q) as the paper, KL(Q‖P_R), the marginal likelihood) and
+   (γ, β) of the grid: LSR on the train pool for up to ``steps`` steps with a dev curve and
+   early stopping (:func:`replug_jax.train.pool.train_on_pool`); dev and test bits per byte of
+   REPLUG within the pools, each vs the base retriever with a paired bootstrap interval.
+3. The variant with the best dev value re-embeds the whole datastore and retrieves its top-k
+   for every test example from the index (not the pool); those branches are scored and REPLUG's
+   test bits per byte compared with the base retriever's (paired interval), with the smallest
+   effect the test set could detect (80 % power at the 5 % level).
+4. The release rule: the chosen retriever is written to ``release`` (float16 safetensors and a
+   model card) only if its interval vs the base excludes zero in its favour.
+
+Usage: ``python -m experiments.lsr_study [--config default|tiny] [--set key=value ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+
+import numpy as np
+
+from experiments.common import (
+    Stopwatch,
+    add_standard_args,
+    load_lm,
+    new_figure,
+    pick_config,
+    provenance,
+    run,
+    save_figure,
+    write_results,
+)
+from experiments.configs.lsr_study import CONFIGS
+from replug_jax.eval.stats import bpb_difference, format_interval
+from replug_jax.fileio import write_json_atomic
+from replug_jax.retrieval.corpus import chunk_documents, leakage_exclusions, read_documents
+from replug_jax.retrieval.encoder import Retriever
+from replug_jax.retrieval.index import Index, corpus_text
+from replug_jax.train.data import lm_examples
+from replug_jax.train.pool import (
+    PoolTrainConfig,
+    ScoredPool,
+    bits_per_byte,
+    build_pool,
+    embed_pool,
+    pool_logliks,
+    train_on_pool,
+)
+from replug_jax.train.refresh import flatten_params, unflatten_params
+
+DIFFERENCES = (
+    "The paper trains Contriever from GPT-3 Curie on 800K Pile sequences (x, y = 128 tokens; "
+    "k = 20 from the whole index, refreshed every 3K of 25K steps, batch 64). Here "
+    "all-MiniLM-L6-v2 learns from SmolLM2-135M on WikiText-2 training articles with x, y = 64 "
+    "tokens; retrieval during training is the top-k within each example's pre-scored pool of "
+    "the base retriever's top-M (the pool stands in for the index; it is re-ranked with the "
+    "current parameters at every refresh), only the query tower is trained between refreshes "
+    "(documents from the last refresh, as the paper's stale index), and the final comparison "
+    "retrieves from the whole re-embedded datastore.")
+
+# z-values of a two-sided 5 % test with 80 % power: the smallest detectable effect is about
+# (1.96 + 0.84) standard errors of the paired difference.
+Z_ALPHA, Z_POWER = 1.959964, 0.841621
+
+
+def variants(cfg) -> list[PoolTrainConfig]:
+    out, seen = [], set()
+    for gamma, beta in cfg.grid:
+        for objective in cfg.objectives:
+            key = (objective, gamma, None if objective == "marginal" else beta)
+            if key in seen:  # the marginal likelihood has no β
+                continue
+            seen.add(key)
+            out.append(PoolTrainConfig(
+                objective=objective, gamma=gamma, beta=beta, k=cfg.k, lm_score=cfg.lm_score,
+                steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+                refresh_every=cfg.refresh_every, eval_every=cfg.eval_every,
+                patience=cfg.patience, eval_temperature=cfg.eval_temperature, seed=cfg.seed))
+    return out
+
+
+def label(v: PoolTrainConfig) -> str:
+    return f"{v.objective}/γ={v.gamma:g}" + (f"/β={v.beta:g}" if v.objective != "marginal"
+                                            else "")
+
+
+def slug(name: str) -> str:
+    """A variant label as a file name."""
+    return name.replace("/", "_").replace("=", "").replace("γ", "g").replace("β", "b")
+
+
+def min_detectable(diff: dict) -> float:
+    """The smallest true difference the paired test detects 80 % of the time: the interval's
+    half-width is z_α standard errors."""
+    return (diff["high"] - diff["low"]) / 2 / Z_ALPHA * (Z_ALPHA + Z_POWER)
+
+
+def save_params(params, path: pathlib.Path, info: dict) -> None:
+    from replug_jax.fileio import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **flatten_params(params))
+    write_json_atomic(info, path.with_suffix(".json"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_standard_args(ap, CONFIGS)
+    args = ap.parse_args(argv)
+    cfg = pick_config(CONFIGS, args.config, args.set)
+    if cfg.k > cfg.pool_size:
+        raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} candidates")
+    progress = not args.no_progress
+    work = pathlib.Path(cfg.workdir) / args.config
+    (work / "runs").mkdir(parents=True, exist_ok=True)
+    with Stopwatch() as sw:
+        lm = load_lm(cfg.lm, cfg.lm_max_context)
+        retriever = Retriever.load(cfg.retriever, max_length=cfg.doc_max_length,
+                                   query_max_length=cfg.query_max_length)
+        passages = chunk_documents(read_documents(cfg.corpus), size=cfg.passage_tokens,
+                                   unit="tokens", tokenizer=lm.tokenizer)
+        by_id = {p.id: p for p in passages}
+        caps = {"train": cfg.max_train, "dev": cfg.max_dev, "test": cfg.max_test}
+        paths = {"train": cfg.train_data, "dev": cfg.dev_data, "test": cfg.test_data}
+        examples = {s: lm_examples(paths[s], lm.tokenizer, cfg.context_tokens,
+                                   cfg.continuation_tokens) for s in paths}
+        for s, cap in caps.items():  # a seeded sample across articles, not the first ones
+            if cap and len(examples[s]) > cap:
+                keep = np.sort(np.random.default_rng([cfg.seed, len(s)]).choice(
+                    len(examples[s]), cap, replace=False))
+                examples[s] = [examples[s][i] for i in keep]
+        excluded = {s: leakage_exclusions(examples[s], passages, cfg.leakage) for s in paths}
+        texts = [corpus_text(p) for p in passages]
+        base_index = Index.build(retriever.encode_passages(texts), passages,
+                                 encoder=retriever.identity)
+        provenance_base = {"lm": lm.name, "lm_max_context": lm.max_context,
+                           "retriever": retriever.identity, "corpus": cfg.corpus,
+                           "corpus_checksum": base_index.store.checksum,
+                           "passage_tokens": cfg.passage_tokens,
+                           "context_tokens": cfg.context_tokens,
+                           "continuation_tokens": cfg.continuation_tokens,
+                           "leakage": cfg.leakage, "separator": "\n\n"}
+        pools = {}
+        for s in paths:
+            res = base_index.search(retriever.encode_queries([e.query for e in examples[s]]),
+                                    cfg.pool_size, exclude_ids=excluded[s])
+            pools[s] = build_pool(examples[s], res.ids, res.scores, by_id, lm, work / f"pool_{s}",
+                                  {**provenance_base, "split": s, "data": paths[s],
+                                   "examples": [e.id for e in examples[s]],
+                                   "pool_size": cfg.pool_size},
+                                  progress=progress)
+        base_ll = {s: pool_logliks(pools[s], pools[s].branches.scores_NK, cfg.k,
+                                   cfg.eval_temperature) for s in ("dev", "test")}
+        bytes_ = {s: pools[s].branches.bytes_N for s in ("dev", "test")}
+        kw = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
+        results = {}
+        best_file = work / "best_params.npz"
+        for v in variants(cfg):
+            name = label(v)
+            out = work / "runs" / f"{slug(name)}.json"
+            if out.exists() and json.loads(out.read_text()).get("config") == vars(v):
+                results[name] = json.loads(out.read_text())
+                continue
+            fit = train_on_pool(retriever, pools["train"], examples["train"], pools["dev"],
+                                examples["dev"], by_id, v, progress=progress)
+            row = {"config": vars(v), "best_step": fit["best_step"],
+                   "steps_run": fit["steps_run"], "seconds": round(fit["seconds"], 1),
+                   "curve": fit["curve"]}
+            for s in ("dev", "test"):
+                q, d = embed_pool(retriever, fit["params"], pools[s], examples[s], by_id)
+                ll = pool_logliks(pools[s], np.einsum("ed,emd->em", q, d), cfg.k,
+                                  cfg.eval_temperature)
+                row[s] = {"bpb": bits_per_byte(ll, bytes_[s]),
+                          "vs_base": bpb_difference(ll, base_ll[s], bytes_[s], **kw),
+                          "logliks": ll.tolist()}
+            best_so_far = min((r["dev"]["bpb"] for r in results.values()), default=math.inf)
+            if row["dev"]["bpb"] < best_so_far or not best_file.exists():
+                save_params(fit["params"], best_file, {"variant": name})
+            results[name] = row
+            write_json_atomic(row, out)
+        chosen = min(results, key=lambda n: results[n]["dev"]["bpb"])
+        if json.loads(best_file.with_suffix(".json").read_text())["variant"] != chosen:
+            raise ValueError(f"{best_file} holds another variant than the best on dev "
+                             f"({chosen}); delete {work / 'runs'} and rerun")
+        params = unflatten_params(dict(np.load(best_file, allow_pickle=False)), retriever.params)
+        # end to end: the chosen retriever's top-k from the whole re-embedded datastore
+        index = Index.build(retriever.encode_passages(texts, params), passages,
+                            encoder=retriever.identity)
+        res = index.search(retriever.encode_queries([e.query for e in examples["test"]],
+                                                    params), cfg.k,
+                           exclude_ids=excluded["test"])
+        full = build_pool(examples["test"], res.ids, res.scores, by_id, lm,
+                          work / f"full_test_{slug(chosen)}",
+                          {**provenance_base, "split": "test", "retrieved_by": chosen,
+                           "examples": [e.id for e in examples["test"]], "pool_size": cfg.k},
+                          progress=progress)
+        full_ll = pool_logliks(full, full.branches.scores_NK, cfg.k, cfg.eval_temperature)
+        alone = np.array([r.logprobs.sum() for r in lm.score_continuations(
+            [e.context for e in examples["test"]],
+            [e.continuation for e in examples["test"]])], np.float64)
+    end_to_end = {
+        "lm_alone_bpb": bits_per_byte(alone, bytes_["test"]),
+        "base_bpb": bits_per_byte(base_ll["test"], bytes_["test"]),
+        "lsr_bpb": bits_per_byte(full_ll, bytes_["test"]),
+        "base_vs_lm_alone": bpb_difference(base_ll["test"], alone, bytes_["test"], **kw),
+        "lsr_vs_base": bpb_difference(full_ll, base_ll["test"], bytes_["test"], **kw)}
+    end_to_end["min_detectable_bpb"] = min_detectable(end_to_end["lsr_vs_base"])
+    passes = end_to_end["lsr_vs_base"]["high"] < 0
+    end_to_end["release_rule"] = ("passes: better than the base with an interval excluding zero"
+                                  if passes else "fails: not better than its base")
+    if passes and cfg.release:
+        release(retriever, params, cfg, chosen, results[chosen], end_to_end)
+    pairs = sum(p.provenance["pairs"] for p in pools.values()) + full.provenance["pairs"]
+    rates = [p.provenance.get("pairs_per_second") for p in (*pools.values(), full)]
+    payload = {"config": vars(cfg), "chosen": chosen, "end_to_end": end_to_end,
+               "examples": {s: len(examples[s]) for s in examples},
+               "lm_pairs_scored": pairs,
+               "pairs_per_second": [r for r in rates if r is not None],
+               "base": {s: {"bpb": bits_per_byte(base_ll[s], bytes_[s])} for s in base_ll},
+               "variants": {n: {k: v for k, v in r.items() if k != "curve"}
+                            | {"curve": r["curve"]} for n, r in results.items()},
+               "seconds": sw.seconds, "provenance": provenance()}
+    for r in payload["variants"].values():
+        for s in ("dev", "test"):
+            r[s].pop("logliks", None)
+    table = [("base retriever", "—", "—", f"{payload['base']['dev']['bpb']:.4f}",
+              f"{payload['base']['test']['bpb']:.4f}", "—", "—")]
+    for n, r in results.items():
+        table.append((n, f"{r['steps_run']}", f"{r['best_step']}", f"{r['dev']['bpb']:.4f}",
+                      f"{r['test']['bpb']:.4f}", format_interval(r["dev"]["vs_base"], 4),
+                      format_interval(r["test"]["vs_base"], 4)))
+    e2e = end_to_end
+    notes = (
+        f"Within-pool REPLUG bits per byte (top-{cfg.k} of each example's base top-"
+        f"{cfg.pool_size}, τ = {cfg.eval_temperature}), {len(examples['train'])} train / "
+        f"{len(examples['dev'])} dev / {len(examples['test'])} test windows (x, y = "
+        f"{cfg.context_tokens} tokens) of disjoint WikiText-2 articles; the datastore never "
+        f"holds the evaluated article. Lower is better; intervals: paired bootstrap, "
+        f"{cfg.bootstrap_resamples} resamples. LM pairs scored: {pairs} "
+        f"({', '.join(f'{r:.2f}' for r in payload['pairs_per_second'])} pairs/s).\n\n"
+        f"**End to end** (the chosen variant, {chosen}, by dev; top-{cfg.k} from the whole "
+        f"re-embedded datastore): LM alone {e2e['lm_alone_bpb']:.4f}, REPLUG with the base "
+        f"retriever {e2e['base_bpb']:.4f} ({format_interval(e2e['base_vs_lm_alone'], 4)} vs LM "
+        f"alone), REPLUG LSR {e2e['lsr_bpb']:.4f} ({format_interval(e2e['lsr_vs_base'], 4)} vs "
+        f"base). Smallest effect this test set detects (80 % power, 5 % level): "
+        f"{e2e['min_detectable_bpb']:.4f} bits per byte. Release rule: {e2e['release_rule']}.")
+    out = write_results("lsr_study", args.config, payload, table,
+                        ("variant", "steps run", "best step", "dev BPB", "test BPB",
+                         "dev Δ vs base [95 % CI]", "test Δ vs base [95 % CI]"),
+                        notes=notes, root=args.out, differences=DIFFERENCES)
+    plot(results, payload, out / f"{args.config}.png")
+
+
+def plot(results: dict, payload: dict, path: pathlib.Path) -> None:
+    fig, ax = new_figure(figsize=(6, 3.5))
+    for name, r in results.items():
+        steps = [c["step"] for c in r["curve"]]
+        ax.plot(steps, [c["dev_bpb"] for c in r["curve"]], marker="o", ms=3, label=name)
+    ax.axhline(payload["base"]["dev"]["bpb"], color="k", ls="--", lw=1, label="base")
+    ax.set_xlabel("LSR step")
+    ax.set_ylabel("dev bits per byte (within pool)")
+    ax.legend(fontsize=6)
+    save_figure(fig, path)
+
+
+def release(retriever, params, cfg, chosen: str, row: dict, end_to_end: dict) -> None:
+    """Write the chosen retriever (float16 safetensors, model card, ``replug.json``)."""
+    import dataclasses
+
+    from safetensors.numpy import load_file, save_file
+
+    from replug_jax.models import export_retriever
+    from replug_jax.models.params import split_params, to_module
+
+    graphdef, template, _ = split_params(retriever.model.encoder)
+    encoder = to_module(graphdef, template, params)
+    settings = {"similarity": retriever.similarity, "query_max_length": cfg.query_max_length,
+                "doc_max_length": cfg.doc_max_length, "trained_from": cfg.retriever}
+    card = "\n".join([
+        "# REPLUG LSR retriever (language modelling, pre-scored pool)", "",
+        f"Better than its base on held-out test articles: "
+        f"{format_interval(end_to_end['lsr_vs_base'], 4)} bits per byte (REPLUG, top-{cfg.k} "
+        "from the whole datastore, paired 95 % interval).", "",
+        f"- base retriever `{cfg.retriever}`, supervising LM `{cfg.lm}`; variant {chosen}, "
+        f"best dev step {row['best_step']}",
+        "- made by `python -m experiments.lsr_study`; results in "
+        "`experiments/results/lsr_study/`", ""])
+    out = export_retriever(dataclasses.replace(retriever.model, encoder=encoder), cfg.release,
+                           {"MODEL_CARD.md": card,
+                            "replug.json": json.dumps(settings, indent=2) + "\n"})
+    weights = pathlib.Path(out) / "model.safetensors"
+    save_file({k: v.astype(np.float16) for k, v in load_file(weights).items()}, weights)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,364 @@
+"""LSR on a pre-scored candidate pool (paper §4, measured at a cost a CPU can pay).
+
+The frozen LM's score of an (example, passage) pair never changes, so each example's top-``M``
+candidates of the *base* retriever are scored once (:func:`build_pool`): the per-token
+log-probs ``log p(y_t | d ∘ x, y_<t)`` of every pair, in large length-bucketed batches, saved
+part by part so an interrupted run resumes where it stopped. Everything after that costs no LM
+call:
+
+* training (:func:`train_on_pool`): at each step the current retriever re-ranks each
+  example's pool and its top-``k`` within the pool is the retrieved set (the paper retrieves
+  from the whole index; the pool stands in for the index between refreshes), and the loss of
+  ``core.losses`` compares ``P_R`` with the LM's ``Q`` over those ``k``;
+* evaluation (:func:`pool_logliks`): REPLUG's mixture ``Σ_k λ_k p(y | d_k ∘ x)`` over the
+  retriever's top-``k`` within the pool, from the stored per-token log-probs — the dev curve
+  and early stopping use it;
+* every objective and temperature is compared on the same supervision.
+
+The pool itself is a :class:`~replug_jax.eval.temperature.BranchCache` (``[E, M, T]`` token
+log-probs, the base retriever's scores) plus the candidates' passage ids and a provenance
+record (LM, prompt settings, lengths, corpus checksum, base retriever).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replug_jax.eval.temperature import BranchCache, mixture_logliks
+from replug_jax.fileio import atomic_path, write_json_atomic
+from replug_jax.retrieval.index import corpus_text
+from replug_jax.train.data import Example, batch_indices
+from replug_jax.train.supervision import branch_prompts
+
+POOL_VERSION = 1
+
+
+@dataclasses.dataclass
+class ScoredPool:
+    """Each example's ``M`` candidates and the frozen LM's per-token scores of them."""
+
+    branches: BranchCache  # logprobs_NKT [E, M, T]; scores_NK: the base retriever's
+    doc_ids_EM: np.ndarray  # int64 passage ids of the candidates (-1: fewer than M)
+    provenance: dict
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return self.branches.ids
+
+    def __len__(self) -> int:
+        return len(self.branches)
+
+    def lm_scores(self, reduction: str = "mean") -> np.ndarray:
+        """``[E, M]`` sequence scores of the continuation in each branch (the ``lm_scores``
+        of the LSR loss): mean or sum of token log-probs."""
+        c = self.branches
+        total_EM = np.sum(c.logprobs_NKT * c.token_mask_NT[:, None, :], axis=-1)
+        if reduction == "sum":
+            return total_EM.astype(np.float32)
+        return (total_EM / np.maximum(c.token_mask_NT.sum(-1), 1)[:, None]).astype(np.float32)
+
+    def subset(self, rows) -> "ScoredPool":
+        from replug_jax.eval.temperature import subset
+
+        rows = np.asarray(rows)
+        return ScoredPool(subset(self.branches, rows), self.doc_ids_EM[rows], self.provenance)
+
+    def save(self, directory: str | pathlib.Path) -> None:
+        d = pathlib.Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.branches.save(d / "branches.npz")
+        with atomic_path(d / "candidates.npy", ".npy") as tmp:
+            np.save(tmp, self.doc_ids_EM)
+        write_json_atomic(self.provenance, d / "pool.json")  # last: marks the pool complete
+
+    @classmethod
+    def load(cls, directory: str | pathlib.Path, expect: dict | None = None) -> "ScoredPool":
+        """Load a pool; with ``expect``, refuse one whose provenance differs in any key."""
+        d = pathlib.Path(directory)
+        if not (d / "pool.json").exists():
+            raise ValueError(f"{d}: no finished pool (pool.json missing); build it first")
+        provenance = json.loads((d / "pool.json").read_text())
+        for key, value in (expect or {}).items():
+            if provenance.get(key) != value:
+                raise ValueError(f"{d}: a pool made with {key}={provenance.get(key)!r}, not "
+                                 f"{value!r}; use another folder or rebuild it")
+        doc_ids = np.load(d / "candidates.npy", allow_pickle=False)
+        return cls(BranchCache.load(d / "branches.npz"), doc_ids, provenance)
+
+
+def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
+               base_scores_EM: np.ndarray, passages_by_id: dict, scorer,
+               directory: str | pathlib.Path, provenance: dict, *, separator: str = "\n\n",
+               part_size: int = 32, progress: bool = True) -> ScoredPool:
+    """Score every (example, candidate) pair once and save the pool in ``directory``.
+
+    Pairs are scored ``part_size`` examples at a time (``scorer`` buckets them by length) and
+    each part is written as its own file, so a killed build resumes at the first missing part;
+    a folder holding parts of another build (``provenance`` differs) is refused. Returns the
+    pool, with ``provenance`` extended by the pairs/s measured.
+    """
+    from tqdm.auto import tqdm
+
+    d = pathlib.Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    key_path = d / "build.json"
+    if key_path.exists() and json.loads(key_path.read_text()) != provenance:
+        raise ValueError(f"{d}: holds parts of a pool built with other settings; use another "
+                         "folder or delete it")
+    write_json_atomic(provenance, key_path)
+    e, m = candidates_EM.shape
+    parts = range(0, e, part_size)
+    bar = tqdm(total=int((candidates_EM >= 0).sum()), desc="scoring the pool", unit="pair",
+               disable=not progress)
+    seconds, scored = 0.0, 0
+    for lo in parts:
+        path = d / f"part-{lo // part_size:05d}.npz"
+        hi = min(e, lo + part_size)
+        pairs = [(i, j) for i in range(lo, hi) for j in range(m) if candidates_EM[i, j] >= 0]
+        if path.exists():
+            bar.update(len(pairs))
+            continue
+        t0 = time.perf_counter()
+        exs = [examples[i] for i, _ in pairs]
+        prompts = branch_prompts(exs, [passages_by_id[int(candidates_EM[i, j])]
+                                       for i, j in pairs], scorer, separator)
+        results = scorer.score_continuations(prompts, [ex.continuation for ex in exs])
+        t = max((len(r.logprobs) for r in results), default=1)
+        lp = np.zeros((hi - lo, m, t), np.float32)
+        n_tok = np.zeros(hi - lo, np.int64)
+        for (i, j), r in zip(pairs, results):
+            lp[i - lo, j, :len(r.logprobs)] = r.logprobs
+            n_tok[i - lo] = len(r.logprobs)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, logprobs=lp, tokens=n_tok)
+        seconds += time.perf_counter() - t0
+        scored += len(pairs)
+        bar.update(len(pairs))
+    bar.close()
+    t_max = 0
+    loaded = []
+    for lo in parts:
+        with np.load(d / f"part-{lo // part_size:05d}.npz", allow_pickle=False) as z:
+            loaded.append((z["logprobs"], z["tokens"]))
+            t_max = max(t_max, z["logprobs"].shape[-1])
+    lp_EMT = np.concatenate([np.pad(a, ((0, 0), (0, 0), (0, t_max - a.shape[-1])))
+                             for a, _ in loaded])
+    n_tok_E = np.concatenate([b for _, b in loaded])
+    token_mask = np.arange(t_max)[None, :] < n_tok_E[:, None]
+    branches = BranchCache(lp_EMT, np.asarray(base_scores_EM, np.float32), candidates_EM >= 0,
+                           token_mask, np.array([len(ex.continuation.encode("utf-8"))
+                                                 for ex in examples], np.int64),
+                           tuple(ex.id for ex in examples))
+    measured = {"pairs": int((candidates_EM >= 0).sum())}
+    if scored:
+        measured.update(pairs_scored_now=scored, pairs_per_second=round(scored / seconds, 3))
+    pool = ScoredPool(branches, np.asarray(candidates_EM, np.int64),
+                      {**provenance, "version": POOL_VERSION, **measured})
+    pool.save(d)
+    return pool
+
+
+# -- the retriever on the pool -------------------------------------------------------------
+
+def embed_pool(retriever, params, pool: ScoredPool, examples: Sequence[Example],
+               passages_by_id: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The retriever's (``params``) query embeddings ``[E, D]`` and candidate embeddings
+    ``[E, M, D]`` (zeros for missing candidates); each distinct passage is encoded once."""
+    q_ED = retriever.encode_queries([ex.query for ex in examples], params)
+    ids = sorted({int(x) for x in pool.doc_ids_EM.ravel() if x >= 0})
+    emb = retriever.encode_passages([corpus_text(passages_by_id[i]) for i in ids], params)
+    row = {pid: r for r, pid in enumerate(ids)}
+    d_EMD = np.zeros(pool.doc_ids_EM.shape + (emb.shape[1],), np.float32)
+    for (i, j), pid in np.ndenumerate(pool.doc_ids_EM):
+        if pid >= 0:
+            d_EMD[i, j] = emb[row[int(pid)]]
+    return np.asarray(q_ED, np.float32), d_EMD
+
+
+def top_k_in_pool(scores_EM: np.ndarray, valid_EM: np.ndarray, k: int) -> np.ndarray:
+    """``[E, k]`` candidate positions of the ``k`` highest scores within each pool (ties by
+    position); positions of missing candidates come last."""
+    masked = np.where(valid_EM, scores_EM, -np.inf)
+    return np.argsort(-masked, axis=1, kind="stable")[:, :k]
+
+
+def pool_logliks(pool: ScoredPool, scores_EM: np.ndarray, k: int,
+                 temperature: float = 1.0) -> np.ndarray:
+    """``[E]`` REPLUG log-likelihoods (§3.2) of the targets when the retriever scoring
+    ``scores_EM`` retrieves its top-``k`` within each pool: ``λ = softmax(s / τ)`` over those
+    ``k``, the mixture from the stored per-token log-probs."""
+    c = pool.branches
+    top = top_k_in_pool(scores_EM, c.doc_mask_NK, k)
+    mask = np.zeros_like(c.doc_mask_NK)
+    np.put_along_axis(mask, top, True, axis=1)
+    view = BranchCache(c.logprobs_NKT, np.asarray(scores_EM, np.float32), mask & c.doc_mask_NK,
+                       c.token_mask_NT, c.bytes_N, c.ids)
+    return mixture_logliks(view, temperature)
+
+
+def bits_per_byte(logliks_E: np.ndarray, bytes_E: np.ndarray) -> float:
+    return float(-np.sum(logliks_E) / (np.log(2.0) * np.sum(bytes_E)))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolTrainConfig:
+    """One LSR run on a pool (the study varies ``objective``, ``gamma``, ``beta``)."""
+
+    objective: str = "kl_retriever_to_lm"  # | kl_lm_to_retriever | marginal
+    gamma: float = 0.1  # retrieval temperature of P_R (§4.1)
+    beta: float = 0.1  # LM temperature of Q (§4.2)
+    k: int = 4  # documents retrieved within each pool
+    lm_score: str = "mean"  # sequence score of a branch: mean or sum of token log-probs
+    steps: int = 2000
+    batch_size: int = 16
+    learning_rate: float = 2e-5
+    warmup_ratio: float = 0.1
+    grad_clip: float = 1.0
+    refresh_every: int = 250  # re-embed the pools' passages (the paper's index refresh)
+    eval_every: int = 250  # dev within-pool bits per byte
+    patience: int = 4  # evaluations without a new best dev value before stopping
+    eval_temperature: float = 1.0  # τ of λ at evaluation (§3.2: 1)
+    seed: int = 0
+
+
+OBJECTIVES = {"kl_retriever_to_lm": ("kl", "retriever_to_lm"),
+              "kl_lm_to_retriever": ("kl", "lm_to_retriever"),
+              "marginal": ("marginal", None)}
+
+
+def _lsr_config(cfg: PoolTrainConfig):
+    """The fields :func:`~replug_jax.train.lsr.make_train_step` reads, from a pool config."""
+    from types import SimpleNamespace
+
+    if cfg.objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {cfg.objective!r}")
+    kind, direction = OBJECTIVES[cfg.objective]
+    return SimpleNamespace(objective=kind, direction=direction or "retriever_to_lm",
+                           gamma=cfg.gamma, beta=cfg.beta, learning_rate=cfg.learning_rate,
+                           warmup_ratio=cfg.warmup_ratio, total_steps=cfg.steps,
+                           grad_clip=cfg.grad_clip, optimizer="adam", weight_decay=0.0,
+                           remat=False)
+
+
+def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Example],
+                  dev_pool: ScoredPool, dev_examples: Sequence[Example], passages_by_id: dict,
+                  cfg: PoolTrainConfig, *, progress: bool = True,
+                  log: Callable[[dict], None] | None = None) -> dict:
+    """REPLUG LSR on a pre-scored pool; returns ``{"params", "best_step", "curve",
+    "steps_run", "seconds"}``.
+
+    Query tower trained, documents from the last refresh: each step encodes the batch's
+    queries with the current parameters (gradients reach the shared encoder through them) and
+    scores them against the pool passages' embeddings of the last refresh (every
+    ``refresh_every`` steps, with the current parameters) — the paper's stale index embeddings,
+    refreshed periodically (§4.3). The top-``k`` within each pool by those scores are the
+    retrieved documents. The dev curve (REPLUG bits per byte within the dev pools, τ =
+    ``eval_temperature``) is read every ``eval_every`` steps; the parameters of the best dev
+    value are returned, and training stops after ``patience`` evaluations without a new best.
+    """
+    from tqdm.auto import tqdm
+
+    from replug_jax.models.params import split_params
+    from replug_jax.train.lsr import init_state, make_optimizer
+
+    lcfg = _lsr_config(cfg)
+    graphdef, template, params0 = split_params(retriever.model.encoder)
+    tx = make_optimizer(lcfg)
+    step_fn = make_query_step(graphdef, template, lcfg, tx, retriever.model.pooling,
+                              retriever.normalize)
+    state = init_state(params0, tx)
+    lm_EM = train_pool.lm_scores(cfg.lm_score)
+    valid_EM = train_pool.branches.doc_mask_NK
+    q_ids, q_mask = retriever.tokenize_fixed([ex.query for ex in train_examples],
+                                             retriever.query_max_length,
+                                             retriever.query_truncation)
+
+    def evaluate(params) -> float:
+        q, d = embed_pool(retriever, params, dev_pool, dev_examples, passages_by_id)
+        s = np.einsum("ed,emd->em", q, d)
+        return bits_per_byte(pool_logliks(dev_pool, s, cfg.k, cfg.eval_temperature),
+                             dev_pool.branches.bytes_N)
+
+    t0 = time.perf_counter()
+    curve = [{"step": 0, "dev_bpb": evaluate(params0)}]
+    best = (curve[0]["dev_bpb"], 0, jax.tree.map(np.asarray, params0))
+    since_best = 0
+    d_EMD = None
+    bar = tqdm(total=cfg.steps, desc=f"LSR on the pool ({cfg.objective})", disable=not progress)
+    step = 0
+    for step in range(cfg.steps):
+        if step % cfg.refresh_every == 0:
+            _, d_EMD = embed_pool(retriever, state.params, train_pool, train_examples,
+                                  passages_by_id)
+            q_ED = retriever.encode_queries([ex.query for ex in train_examples], state.params)
+            top_EK = top_k_in_pool(np.einsum("ed,emd->em", q_ED, d_EMD), valid_EM, cfg.k)
+        rows = batch_indices(step, cfg.batch_size, len(train_examples), cfg.seed)
+        top = top_EK[rows]
+        batch = {"query_ids": q_ids[rows], "query_mask": q_mask[rows],
+                 "doc_emb": np.take_along_axis(d_EMD[rows], top[..., None], axis=1),
+                 "doc_valid": np.take_along_axis(valid_EM[rows], top, axis=1),
+                 "lm_scores": np.take_along_axis(lm_EM[rows], top, axis=1)}
+        state, metrics = step_fn(state, batch)
+        bar.update(1)
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            value = evaluate(state.params)
+            entry = {"step": step + 1, "dev_bpb": value,
+                     **{k: float(v) for k, v in metrics.items()}}
+            curve.append(entry)
+            if log is not None:
+                log(entry)
+            if value < best[0]:
+                best, since_best = (value, step + 1, jax.tree.map(np.asarray, state.params)), 0
+            else:
+                since_best += 1
+                if since_best >= cfg.patience:
+                    break
+    bar.close()
+    return {"params": best[2], "best_step": best[1], "best_dev_bpb": best[0], "curve": curve,
+            "steps_run": step + 1, "seconds": time.perf_counter() - t0}
+
+
+def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool):
+    """The jitted LSR step with the query tower trained against given document embeddings
+    (``batch["doc_emb"] [B, K, D]``, from the last refresh): the loss of
+    :func:`~replug_jax.train.lsr.make_train_step` (KL either way, or the marginal
+    likelihood) on ``s(d, x) = E(x) · E_stale(d)``."""
+    import functools
+
+    import optax
+
+    from replug_jax.core.losses import lsr_loss, marginal_nll_loss
+    from replug_jax.models.bert import embed
+    from replug_jax.models.params import to_module
+    from replug_jax.train.lsr import TrainState, make_schedule
+
+    schedule = make_schedule(cfg)
+
+    def loss_fn(params, batch):
+        encoder = to_module(graphdef, template, params)
+        q_BD = embed(encoder, batch["query_ids"], batch["query_mask"], pooling=pooling,
+                     normalize=normalize)
+        s_BK = jnp.einsum("bd,bkd->bk", q_BD, batch["doc_emb"])
+        if cfg.objective == "marginal":
+            return marginal_nll_loss(s_BK, batch["lm_scores"], cfg.gamma, batch["doc_valid"])
+        return lsr_loss(s_BK, batch["lm_scores"], cfg.gamma, cfg.beta, batch["doc_valid"],
+                        direction=cfg.direction)
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def step(state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return TrainState(params, opt_state, state.step + 1), {
+            "loss": loss, "grad_norm": optax.tree.norm(grads),
+            "learning_rate": schedule(state.step)}
+
+    return step
