@@ -21,6 +21,7 @@ Usage: ``python -m experiments.lsr_study [--config default|tiny] [--set key=valu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import pathlib
@@ -299,6 +300,10 @@ def release(retriever, params, cfg, chosen: str, row: dict, end_to_end: dict) ->
                             "replug.json": json.dumps(settings, indent=2) + "\n"})
     weights = pathlib.Path(out) / "model.safetensors"
     save_file({k: v.astype(np.float16) for k, v in load_file(weights).items()}, weights)
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    card_path = pathlib.Path(out) / "MODEL_CARD.md"
+    card_path.write_text(card_path.read_text() + f"\nWeights: float16 `model.safetensors`, "
+                         f"SHA-256 `{digest}`.\n")
 
 
 if __name__ == "__main__":

@@ -275,3 +275,30 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
 
     branches = BranchCache.load(tmp_path / "work" / "tiny_wikitext" / "base_report.npz")
     assert branches.logprobs_NKT.shape[:2] == (2, 1) and fewer["examples"] == 2
+
+
+def test_lsr_study_tiny(data, tmp_path):
+    """The LSR study end to end on its tiny config: pools scored once, two objectives trained
+    on them, the chosen one evaluated from the re-embedded datastore, the release rule
+    applied; a rerun reads every pool and run from its work directory."""
+    from experiments import lsr_study, prepare_wikitext
+
+    wiki = tmp_path / "wikitext"
+    prepare_wikitext.main(["--out", str(wiki), "--dev", "1", "--test", "1", "--no-python-docs"])
+    out = tmp_path / "out"
+    argv = ["--config", "tiny", "--out", str(out), "--no-progress", "--set",
+            f"train_data={wiki}/train.jsonl", f"dev_data={wiki}/dev.jsonl",
+            f"test_data={wiki}/test.jsonl", f"corpus={wiki}/corpus.jsonl",
+            f"workdir={tmp_path}/work"]
+    lsr_study.main(argv)
+    res = json.loads((out / "lsr_study" / "tiny.json").read_text())
+    assert set(res["variants"]) == {"kl_retriever_to_lm/γ=0.1/β=0.1", "marginal/γ=0.1"}
+    e2e = res["end_to_end"]
+    d = e2e["lsr_vs_base"]
+    assert d["low"] <= d["difference"] <= d["high"] and e2e["min_detectable_bpb"] >= 0
+    assert e2e["release_rule"].startswith(("passes", "fails"))
+    assert res["lm_pairs_scored"] > 0 and (out / "lsr_study" / "tiny.png").stat().st_size > 0
+    assert "End to end" in (out / "lsr_study" / "README.md").read_text()
+    lsr_study.main(argv)  # resumed: the same numbers from the stored pools and runs
+    again = json.loads((out / "lsr_study" / "tiny.json").read_text())
+    assert again["end_to_end"] == res["end_to_end"] and again["variants"] == res["variants"]

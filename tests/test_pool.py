@@ -1,0 +1,122 @@
+"""LSR on a pre-scored pool: the pool artefact (resumable, provenance-checked), REPLUG within
+the pool against a hand-computed mixture, and the training loop."""
+
+import json
+
+import numpy as np
+import pytest
+
+from replug_jax.retrieval.corpus import Passage
+from replug_jax.train.data import Example
+from replug_jax.train.pool import (
+    PoolTrainConfig,
+    ScoredPool,
+    build_pool,
+    pool_logliks,
+    top_k_in_pool,
+    train_on_pool,
+)
+
+pytestmark = pytest.mark.models
+
+FACTS = ["Berlin is the capital of Germany.", "Paris is the capital of France.",
+         "The Rhine flows into the North Sea.", "Madrid is the capital of Spain.",
+         "Rome is the capital of Italy.", "Vienna is the capital of Austria."]
+
+
+def _examples(n: int = 4) -> list[Example]:
+    pairs = [("The capital of Germany is", " Berlin."), ("The capital of France is", " Paris."),
+             ("The capital of Spain is", " Madrid."), ("The capital of Italy is", " Rome.")]
+    return [Example(f"e{i}", x, x, y) for i, (x, y) in enumerate(pairs[:n])]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from tests._models import tiny_lm, tiny_retriever
+
+    return tiny_lm(0), tiny_retriever(0)
+
+
+def _pool(tiny, directory, **kw):
+    lm, retriever = tiny
+    passages = [Passage(i, t) for i, t in enumerate(FACTS)]
+    rng = np.random.default_rng(0)
+    cand = np.stack([rng.permutation(len(FACTS))[:3] for _ in range(4)]).astype(np.int64)
+    cand[3, 2] = -1  # an example with fewer candidates than M
+    scores = rng.normal(size=cand.shape).astype(np.float32)
+    return build_pool(_examples(), cand, scores, {p.id: p for p in passages}, lm, directory,
+                      {"lm": lm.name, "test": 1}, part_size=2, progress=False, **kw), passages
+
+
+def test_pool_scores_equal_the_lm_and_resume_after_a_kill(tiny, tmp_path, monkeypatch):
+    lm, _ = tiny
+    pool, passages = _pool(tiny, tmp_path / "pool")
+    from replug_jax.train.supervision import branch_prompts
+
+    ex = _examples()[1]
+    j = 1
+    [want] = lm.score_continuations(
+        branch_prompts([ex], [passages[int(pool.doc_ids_EM[1, j])]], lm), [ex.continuation])
+    n = len(want.logprobs)
+    np.testing.assert_allclose(pool.branches.logprobs_NKT[1, j, :n], want.logprobs, atol=1e-5)
+    assert pool.branches.token_mask_NT[1].sum() == n and not pool.branches.doc_mask_NK[3, 2]
+    np.testing.assert_allclose(pool.lm_scores("sum")[1, j], want.logprobs.sum(), rtol=1e-5)
+    # a rebuild after losing one part rescores that part only, and gives the same pool
+    (tmp_path / "pool" / "part-00001.npz").unlink()
+    calls = []
+    real = lm.score_continuations
+    monkeypatch.setattr(lm, "score_continuations",
+                        lambda p, c: calls.append(len(p)) or real(p, c))
+    again, _ = _pool(tiny, tmp_path / "pool")
+    assert calls == [5]  # examples 2 and 3: 3 + 2 candidates
+    np.testing.assert_array_equal(again.branches.logprobs_NKT, pool.branches.logprobs_NKT)
+    loaded = ScoredPool.load(tmp_path / "pool", expect={"test": 1})
+    np.testing.assert_array_equal(loaded.doc_ids_EM, pool.doc_ids_EM)
+    with pytest.raises(ValueError, match="test=1"):
+        ScoredPool.load(tmp_path / "pool", expect={"test": 2})
+    lm_, ret = tiny
+    with pytest.raises(ValueError, match="other settings"):
+        build_pool(_examples(), pool.doc_ids_EM, pool.branches.scores_NK,
+                   {p.id: p for p in passages}, lm_, tmp_path / "pool", {"lm": "another"},
+                   progress=False)
+
+
+def test_replug_within_the_pool_equals_a_hand_computed_mixture(tiny, tmp_path):
+    pool, _ = _pool(tiny, tmp_path / "pool")
+    scores = np.random.default_rng(1).normal(size=pool.doc_ids_EM.shape)
+    got = pool_logliks(pool, scores, k=2, temperature=0.5)
+    c = pool.branches
+    for i in range(len(pool)):
+        valid = np.flatnonzero(c.doc_mask_NK[i])
+        top = valid[np.argsort(-scores[i, valid], kind="stable")[:2]]
+        w = np.exp(scores[i, top] / 0.5)
+        w /= w.sum()
+        t = c.token_mask_NT[i]
+        mix = np.log((w[:, None] * np.exp(c.logprobs_NKT[i][top][:, t])).sum(0)).sum()
+        assert got[i] == pytest.approx(mix, rel=1e-5)
+    assert list(top_k_in_pool(np.zeros((1, 3)), np.array([[False, True, True]]), 2)[0]) == \
+        [1, 2]
+
+
+@pytest.mark.parametrize("objective", ["kl_retriever_to_lm", "kl_lm_to_retriever", "marginal"])
+def test_training_on_the_pool_moves_the_retriever_and_keeps_the_best_dev(tiny, tmp_path,
+                                                                          objective):
+    """Every objective trains (finite losses, parameters move); the returned parameters are
+    those of the best dev value on the curve, and the base's when no step beats it."""
+    import jax
+
+    lm, retriever = tiny
+    pool, passages = _pool(tiny, tmp_path / "pool")
+    cfg = PoolTrainConfig(objective=objective, k=2, steps=6, batch_size=2, refresh_every=3,
+                          eval_every=2, patience=10, learning_rate=1e-3)
+    fit = train_on_pool(retriever, pool, _examples(), pool, _examples(),
+                        {p.id: p for p in passages}, cfg, progress=False)
+    curve = fit["curve"]
+    assert [c["step"] for c in curve] == [0, 2, 4, 6] and fit["steps_run"] == 6
+    assert all(np.isfinite(c["loss"]) for c in curve[1:])
+    best = min(curve, key=lambda c: c["dev_bpb"])
+    assert fit["best_step"] == best["step"] and fit["best_dev_bpb"] == best["dev_bpb"]
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(
+        jax.tree.leaves(fit["params"]), jax.tree.leaves(retriever.params)))
+    assert (moved > 0) == (fit["best_step"] > 0)
+    json.dumps(curve)  # plain numbers, ready for the results JSON
