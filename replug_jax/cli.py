@@ -91,8 +91,9 @@ def _cmd_index_build(args) -> int:
     index = build_index(passages, retriever, args.out, factory=args.factory, nprobe=args.nprobe,
                         embeddings=args.embeddings, num_shards=args.shards,
                         embed_shard_rows=args.embed_shard_rows, train_size=args.train_size,
-                        rerank=args.rerank,
-                        progress=not args.json,
+                        rerank=args.rerank, target_recall=args.target_recall,
+                        recall_queries=_recall_queries(args, retriever),
+                        recall_k=args.recall_k, progress=not args.json,
                         extra={"corpus": str(args.corpus), "chunk_unit": args.chunk_unit,
                                "chunk_size": args.chunk_size, "overlap": args.overlap})
     m = index.manifest
@@ -101,8 +102,98 @@ def _cmd_index_build(args) -> int:
     _emit(args, {"out": str(args.out), "seconds": round(seconds, 2), "bytes": size, **m},
           f"indexed {m['n']} passages (dim {m['dim']}, {m['factory']}, {len(m['shards'])} "
           f"shard(s), {m['truncated_passages']} truncated) -> {args.out}: "
-          f"{size / 2**20:.1f} MiB in {seconds:.1f} s")
+          f"{size / 2**20:.1f} MiB in {seconds:.1f} s" + _recall_lines(m))
     return 0
+
+
+def _recall_queries(args, retriever):
+    """``--recall-queries``: a .npy of query vectors, or text lines embedded as queries."""
+    import numpy as np
+
+    path = args.recall_queries
+    if path is None:
+        return None
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False).astype(np.float32)
+    lines = [t for t in path.read_text(encoding="utf-8").splitlines() if t.strip()]
+    if not lines:
+        raise ValueError(f"{path}: no queries")
+    return retriever.encode_queries(lines)
+
+
+def _recall_lines(m: dict) -> str:
+    """The recall an index build measured, and its tuning, as lines of text."""
+    r = m.get("recall")
+    if not r:
+        return "\nrecall: exact search (Flat)" if m.get("factory") == "Flat" else ""
+    out = [f"\nrecall against exact search ({r['n']} queries: {r['queries']}; 95 % "
+           f"bootstrap interval), nprobe {m.get('nprobe')}, re-rank "
+           f"×{m.get('rerank_factor', 0)}:"]
+    for k, v in r["at"].items():
+        out.append(f"  recall@{k} {v['recall']:.3f} [{v['low']:.3f}, {v['high']:.3f}], "
+                   f"{v['qps']:.0f} queries/s")
+    t = r.get("tuning")
+    if t:
+        out.append(f"  tuned for recall@{r.get('tuned_k', 10)} ≥ {t['target']} (interval's "
+                   "lower bound): "
+                   + ("reached" if t["reached"] else "NOT reached (the best setting is kept; "
+                      "raise --rerank candidates, use finer PQ codes or Flat)"))
+        out.append("  frontier (nprobe, re-rank: recall@10 lower bound, ms/query): " + "; ".join(
+            f"{f['nprobe']}, ×{f['rerank']}: {f['recall_low']:.3f}, "
+            f"{1e3 * f['seconds_per_query']:.2f}" for f in t["frontier"]))
+    return "\n".join(out)
+
+
+def _cmd_index_info(args) -> int:
+    from replug_jax.retrieval.index import Index
+
+    m = Index._read_manifest(args.index)
+    size = sum(f["size"] for f in m.get("files", {}).values())
+    enc = m.get("encoder", {})
+    facts = {"index": str(args.index), "n": m["n"], "dim": m["dim"], "factory": m["factory"],
+             "shards": len(m["shards"]), "bytes": size, "nprobe": m.get("nprobe"),
+             "rerank_factor": m.get("rerank_factor", 0),
+             "rerank_vectors": m.get("rerank_vectors", False), "encoder": enc,
+             "recall": m.get("recall"), "build_seconds": m.get("build_seconds"),
+             "corpus": m.get("corpus"), "corpus_checksum": m.get("corpus_checksum")}
+    _emit(args, facts,
+          f"{args.index}: {m['n']} passages × {m['dim']} ({m['factory']}, "
+          f"{len(m['shards'])} shard(s), {size / 2**20:.1f} MiB)\n"
+          f"encoder: {enc.get('source', '?')} ({enc.get('pooling', '?')} pooling, "
+          f"{enc.get('similarity', '?')}, max {enc.get('max_length', '?')} tokens)\n"
+          f"corpus: {m.get('corpus', '?')} (checksum {str(m.get('corpus_checksum'))[:12]})\n"
+          f"search defaults: nprobe {m.get('nprobe')}, re-rank ×{m.get('rerank_factor', 0)}"
+          + ("" if m.get("build_seconds") is None else
+             f"\nbuilt in {m['build_seconds']:.1f} s") + _recall_lines(m))
+    return 0
+
+
+def _cmd_index_tune(args) -> int:
+    from replug_jax.retrieval.index import EmbeddingSource, Index
+    from replug_jax.retrieval.quality import recall_report
+
+    retriever, index = _load_index(args.index, args.retriever) if args.recall_queries \
+        else (None, Index.load(args.index))
+    if args.embeddings is None:
+        raise ValueError("tuning needs the exact vectors: pass --embeddings FILE.npy (the "
+                         "[N, D] embeddings the index was built from)")
+    source = EmbeddingSource.from_files([args.embeddings], n=len(index), dim=index.manifest["dim"])
+    report = recall_report(index, source, k=10, user_k=args.recall_k,
+                           queries_QD=_recall_queries(args, retriever),
+                           sample=args.sample, target=args.target_recall)
+    index.manifest["recall"] = report
+    _write_manifest(args.index, index.manifest)
+    _emit(args, {"index": str(args.index), "nprobe": index.manifest["nprobe"],
+                 "rerank_factor": index.manifest["rerank_factor"], "recall": report},
+          f"{args.index}: defaults now nprobe {index.manifest['nprobe']}, re-rank "
+          f"×{index.manifest['rerank_factor']}" + _recall_lines(index.manifest))
+    return 0
+
+
+def _write_manifest(directory: pathlib.Path, manifest: dict) -> None:
+    from replug_jax.fileio import write_json_atomic
+
+    write_json_atomic(manifest, directory / "manifest.json")
 
 
 def _cmd_index_verify(args) -> int:
@@ -116,21 +207,26 @@ def _cmd_index_verify(args) -> int:
 
 
 def _cmd_index_search(args) -> int:
+    from replug_jax.replug import source_of
+
     retriever, index = _load_index(args.index, args.retriever)
-    res = index.search(retriever.encode_queries(args.query), args.k)
+    res = index.search(retriever.encode_queries(args.query), args.k, **_search_options(args))
     for qi, query in enumerate(args.query):
-        hits = [{"id": p.id, "score": float(s), "title": p.title, "text": p.text}
+        hits = [{**source_of(p), "score": float(s), "text": p.text}
                 for p, s in zip(res.passages[qi], res.scores[qi])]
         if args.json:
             print(json.dumps({"query": query, "ids": [h["id"] for h in hits],
                               "scores": [h["score"] for h in hits],
                               "texts": [h["text"] for h in hits],
-                              "titles": [h["title"] for h in hits]}, ensure_ascii=False))
+                              "titles": [h["title"] for h in hits],
+                              "sources": [{k: h[k] for k in ("source_id", "start", "end")}
+                                          for h in hits]}, ensure_ascii=False))
         else:
             print(f"query: {query}")
             for rank, h in enumerate(hits, 1):
                 text = h["text"] if len(h["text"]) < 200 else h["text"][:197] + "..."
-                print(f"  {rank:2d}. [{h['score']:.4f}] #{h['id']} {h['title']}: {text}")
+                print(f"  {rank:2d}. [{h['score']:.4f}] #{h['id']} (source {h['source_id']!r} "
+                      f"[{h['start']}:{h['end']}]) {h['title']}: {text}")
     return 0
 
 
@@ -175,7 +271,23 @@ def _make_pipeline(args, mode: str):
         retriever, index = _load_index(args.index, args.retriever)
     return Replug(lm, retriever, index, k=args.k, temperature=args.temperature,
                   separator=args.separator.encode().decode("unicode_escape"), mode=mode,
-                  seed=args.seed)
+                  seed=args.seed, **_search_options(args))
+
+
+def _search_options(args) -> dict:
+    """``--nprobe`` / ``--rerank`` given on the command line (else the manifest's)."""
+    return {k: v for k, v in (("nprobe", args.nprobe), ("rerank", args.rerank))
+            if v is not None}
+
+
+def _add_search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nprobe", type=int, default=None,
+                   help="IVF lists searched per query (default: the index manifest's, set at "
+                   "build or by `replug index tune`): recall against speed")
+    p.add_argument("--rerank", type=int, default=None, metavar="F",
+                   help="re-score F x k candidates exactly from the vectors stored with the "
+                   "index (default: the manifest's; 0: off; needs an index built with "
+                   "--rerank or --target-recall)")
 
 
 def _cmd_score(args) -> int:
@@ -217,9 +329,10 @@ def _print_generation(r, title: str) -> None:
     print(f"{title}: {r.text.strip()!r}")
     if r.approximation:
         print(f"  note: {r.approximation}")
-    for pid, t, w, text in zip(r.doc_ids, r.doc_titles, r.weights, r.doc_texts):
+    for src, w, text in zip(r.sources, r.weights, r.doc_texts):
         snippet = text if len(text) < 110 else text[:107] + "..."
-        print(f"  λ={w:.3f}  #{pid} {t}: {snippet}")
+        where = f" ({src['source_id']})" if src["source_id"] else ""
+        print(f"  λ={w:.3f}  #{src['id']}{where} {src['title']}: {snippet}")
     c = r.cost
     print(f"  cost: {c['lm_calls']} LM rows, {c['input_tokens']} input + {c['output_tokens']} "
           f"output tokens, LM {c['lm_seconds']:.2f}s, retrieval {c['retrieval_seconds']:.2f}s, "
@@ -379,6 +492,7 @@ def _add_pipeline_args(p: argparse.ArgumentParser, index_required: bool = False)
     p.add_argument("--lm", default="smollm2",
                    help="LM: packaged name, HF folder, hub id or .gguf (default: smollm2)")
     p.add_argument("-k", type=int, default=10, help="documents per query (paper: 10)")
+    _add_search_args(p)
     p.add_argument("--temperature", type=float, default=None,
                    help="temperature τ of λ = softmax(s/τ) (default: the τ fitted for the "
                         "retriever, recorded in its replug.json, else the paper's 1)")
@@ -471,6 +585,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rerank", type=int, default=0, metavar="F",
                    help="keep the vectors on disk (float16) and re-rank F x k candidates of an "
                    "approximate index (IVF-PQ) by exact inner product (default 0: off)")
+    b.add_argument("--target-recall", type=float, default=None, metavar="R",
+                   help="tune nprobe x re-rank factor on a sample for the fastest setting whose "
+                   "recall@10 against exact search reaches R (the lower bound of its 95 %% "
+                   "interval), and record it as the default; keeps float32 vectors for "
+                   "re-ranking when the codes are lossy (PQ)")
+    b.add_argument("--recall-queries", type=pathlib.Path, default=None,
+                   help="measure recall on these queries (text, one per line, embedded with "
+                   "the index's encoder; or an [Q, D] .npy) instead of a seeded sample of 256 "
+                   "corpus vectors")
+    b.add_argument("--recall-k", type=int, default=None,
+                   help="also report recall@K, the k you will retrieve (recall@10 always)")
     b.add_argument("--train-size", type=int, default=None,
                    help="vectors sampled to train IVF/PQ (default: 64 per IVF list, at least "
                    "16384)")
@@ -495,8 +620,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-k", type=int, default=10, help="passages per query (default 10)")
     s.add_argument("--retriever", default=None,
                    help="query encoder (default: the one recorded in the index manifest)")
+    _add_search_args(s)
     _add_json(s)
     s.set_defaults(func=_cmd_index_search)
+    info = isub.add_parser("info", help="print an index's facts: size, encoder, recall",
+                           description="What the manifest records: N, dim, factory, shards, "
+                           "bytes, encoder, corpus, search defaults, the recall measured at "
+                           "build (or by `replug index tune`).")
+    info.add_argument("index", type=pathlib.Path, help="index directory")
+    _add_json(info)
+    info.set_defaults(func=_cmd_index_info)
+    tune = isub.add_parser("tune", help="tune nprobe x re-rank factor to a target recall",
+                           description="Measure recall@10 against exact search (the vectors "
+                           "of --embeddings, streamed) over nprobe x re-rank factor, keep the "
+                           "fastest setting whose interval's lower bound reaches the target "
+                           "and record it as the index's default; prints the frontier.")
+    tune.add_argument("index", type=pathlib.Path, help="index directory")
+    tune.add_argument("--embeddings", type=pathlib.Path, default=None,
+                      help="the [N, D] .npy the index was built from (exact search)")
+    tune.add_argument("--target-recall", type=float, default=0.95, metavar="R",
+                      help="recall@10 to reach (default 0.95)")
+    tune.add_argument("--recall-queries", type=pathlib.Path, default=None,
+                      help="queries (text lines or [Q, D] .npy) instead of a corpus sample")
+    tune.add_argument("--recall-k", type=int, default=None, help="also report recall@K")
+    tune.add_argument("--sample", type=int, default=256, help="corpus vectors used as queries")
+    tune.add_argument("--retriever", default=None,
+                      help="query encoder for text --recall-queries (default: the manifest's)")
+    _add_json(tune)
+    tune.set_defaults(func=_cmd_index_tune)
     v = isub.add_parser("verify", help="hash every file of an index against its manifest",
                         description="Full integrity check: every file's size and SHA-256 "
                         "against the manifest (loading checks sizes and hashes only small or "
@@ -653,6 +804,12 @@ def check_args(args) -> None:
     positive("max_context", "--max-context")
     positive("chunk_size", "--chunk-size")
     positive("nprobe", "--nprobe")
+    positive("rerank", "--rerank", strict=False)
+    positive("recall_k", "--recall-k")
+    positive("sample", "--sample")
+    target = getattr(args, "target_recall", None)
+    if target is not None and not 0 < target <= 1:
+        raise ValueError(f"--target-recall must be in (0, 1], got {target}")
     positive("top_n", "--top-n")
     positive("api_retries", "--api-retries", strict=False)
     positive("shards", "--shards")

@@ -76,6 +76,7 @@ class ScoreResult:
     cost: dict
     branch_logprobs: np.ndarray | None = None  # [K', T] each branch's own log-probs
     doc_scores: np.ndarray | None = None  # [K'] retrieval similarities s(d, x) (NaN: none)
+    sources: list[dict] = dataclasses.field(default_factory=list)  # [K'] see source_of
 
     def to_json(self) -> dict:
         return {"context": self.context, "continuation": self.continuation,
@@ -85,8 +86,8 @@ class ScoreResult:
                 "doc_ids": self.doc_ids, "doc_titles": self.doc_titles,
                 "weights": [round(w, 6) for w in self.weights],
                 "responsibility": np.round(self.responsibility, 5).tolist(),
-                "retrieval_reliance": self.reliance, "settings": self.settings,
-                "cost": self.cost}
+                "sources": self.sources, "retrieval_reliance": self.reliance,
+                "settings": self.settings, "cost": self.cost}
 
 
 @dataclasses.dataclass
@@ -104,6 +105,7 @@ class GenerationResult:
     approximation: str | None
     settings: dict
     cost: dict
+    sources: list[dict] = dataclasses.field(default_factory=list)  # [K'] see source_of
 
     def to_json(self) -> dict:
         return {"prompt": self.prompt, "text": self.text, "tokens": self.tokens,
@@ -112,7 +114,15 @@ class GenerationResult:
                 "weights": [round(w, 6) for w in self.weights],
                 "responsibility": np.round(self.responsibility, 5).tolist(),
                 "stopped_by": self.stopped_by, "approximation": self.approximation,
-                "settings": self.settings, "cost": self.cost}
+                "sources": self.sources, "settings": self.settings, "cost": self.cost}
+
+
+def source_of(p: Passage) -> dict:
+    """Where a retrieved passage comes from, to join it back to the user's corpus: its row
+    (``id``), the id the user gave its document (a JSONL ``id``, a DPR passage id) and its
+    character span ``[start, end)`` in that document's text."""
+    return {"id": p.id, "source_id": p.source_id, "start": p.start, "end": p.end,
+            "title": p.title}
 
 
 def summarize(results: Sequence[ScoreResult]) -> dict:
@@ -131,7 +141,8 @@ class Replug:
 
     def __init__(self, lm, retriever=None, index=None, *, k: int = 10,
                  temperature: float | None = None, separator: str = "\n\n",
-                 mode: str = "replug", seed: int = 0, top_n: int = 20):
+                 mode: str = "replug", seed: int = 0, top_n: int = 20,
+                 nprobe: int | None = None, rerank: int | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if k <= 0:
@@ -148,6 +159,9 @@ class Replug:
         self.lm, self.retriever, self.index = lm, retriever, index
         self.k, self.temperature, self.separator = k, temperature, separator
         self.mode, self.seed, self.top_n = mode, seed, top_n
+        # search-time knobs of an approximate index (None: the index manifest's defaults)
+        self.search_options = {k: v for k, v in (("nprobe", nprobe), ("rerank", rerank))
+                               if v is not None}
         self.truncated_documents = 0
 
     # -- retrieval and branches -----------------------------------------------------------------
@@ -163,7 +177,8 @@ class Replug:
 
     def retrieve(self, queries: Sequence[str], k: int, exclude_ids=None):
         t0 = time.perf_counter()
-        res = self.index.search(self.retriever.encode_queries(list(queries)), k, exclude_ids)
+        res = self.index.search(self.retriever.encode_queries(list(queries)), k, exclude_ids,
+                                **self.search_options)
         return res, time.perf_counter() - t0
 
     def _fit_document(self, doc: str, budget: int) -> str:
@@ -303,7 +318,8 @@ class Replug:
                 len(continuations[qi].encode("utf-8")), [p.id for p in g.passages],
                 [p.title for p in g.passages], np.exp(g.log_weights).tolist(), resp_KT,
                 None if plain is None else ll - plain[qi].total if mode != "none" else 0.0,
-                self.settings(mode, k), {}, lp_KT, g.scores))
+                self.settings(mode, k), {}, lp_KT, g.scores,
+                [source_of(p) for p in g.passages]))
         cost = self._cost(before, retrieval_s, t_wall, len(results))
         for r in results:
             r.cost = cost
@@ -429,7 +445,7 @@ class Replug:
                 prompt, text, toks, mix, [p.id for p in g.passages],
                 [p.title for p in g.passages], [p.text for p in g.passages],
                 np.exp(g.log_weights).tolist(), resp, stopped, approximation,
-                self.settings(mode, k), cost))
+                self.settings(mode, k), cost, [source_of(p) for p in g.passages]))
         return final
 
     def _generate_stepwise(self, groups, max_new_tokens, temperature, top_p, stop, seed):

@@ -125,3 +125,40 @@ def test_index_build_from_embeddings_verify_and_search(tmp_path, capsys):
     assert main(["index", "build", "--corpus", str(corpus), "--chunk-unit", "none",
                  "--embeddings", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "b")]) == 2
     assert "bad.npy: 299 embeddings for 300 passages" in capsys.readouterr().err
+
+
+@pytest.mark.models
+def test_index_recall_info_tune_and_search_knobs(tmp_path, capsys):
+    """`index build --target-recall` prints and stores recall; `index info` shows it;
+    `index tune` re-tunes a built index; `index search` takes --nprobe/--rerank and returns
+    each hit's source document id and span."""
+    packaged_or_skip("minilm")
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(20, 384))
+    emb = centers[rng.integers(20, size=2000)] + 0.1 * rng.normal(size=(2000, 384))
+    emb = (emb / np.linalg.norm(emb, axis=1, keepdims=True)).astype(np.float32)
+    np.save(tmp_path / "emb.npy", emb)
+    (tmp_path / "docs.jsonl").write_text("".join(
+        json.dumps({"id": f"doc-{i}", "text": f"passage number {i}"}) + "\n"
+        for i in range(2000)))
+    idx = tmp_path / "idx"
+    assert main(["index", "build", "--corpus", str(tmp_path / "docs.jsonl"), "--chunk-unit",
+                 "none", "--embeddings", str(tmp_path / "emb.npy"), "--factory", "IVF8,PQ8",
+                 "--train-size", "2000", "--target-recall", "0.9", "--out", str(idx),
+                 "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["recall"]["tuning"]["reached"] and built["recall"]["at"]["10"]["low"] >= 0.9
+    assert main(["index", "info", str(idx)]) == 0
+    out = capsys.readouterr().out
+    assert "recall@10" in out and "IVF8,PQ8" in out and "search defaults" in out
+    assert main(["index", "tune", str(idx), "--embeddings", str(tmp_path / "emb.npy"),
+                 "--target-recall", "0.99", "--json"]) == 0
+    tuned = json.loads(capsys.readouterr().out)
+    assert tuned["recall"]["tuning"]["target"] == 0.99
+    assert json.loads((idx / "manifest.json").read_text())["rerank_factor"] == \
+        tuned["rerank_factor"]
+    assert main(["index", "search", str(idx), "passage number 7", "-k", "3", "--nprobe", "1",
+                 "--rerank", "0", "--json"]) == 0
+    hit = json.loads(capsys.readouterr().out)
+    assert len(hit["ids"]) == 3 and all(s["source_id"].startswith("doc-")
+                                        for s in hit["sources"])

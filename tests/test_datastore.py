@@ -481,3 +481,63 @@ def test_sharded_topk_equals_exact_topk_property(n, devices, block, k, sign, see
     want_scores, want_rows = _numpy_topk(queries, corpus, min(k, n))
     np.testing.assert_array_equal(np.asarray(rows), want_rows)
     np.testing.assert_allclose(np.asarray(scores), want_scores, rtol=1e-5, atol=1e-6)
+
+
+def _tight_clusters(n: int, d: int = 32, clusters: int = 40, spread: float = 0.05,
+                    seed: int = 0):
+    """Tight clusters of nearly equidistant members: hard for PQ codes, and for float16."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(clusters, d))
+
+    def draw(m):
+        x = centers[rng.integers(clusters, size=m)] + spread * rng.normal(size=(m, d))
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    return draw(n), draw(200)
+
+
+def test_build_measures_recall_and_tunes_to_a_target_on_held_out_queries(tmp_path):
+    """An IVF-PQ build reports recall@10 against exact search with an interval; with a
+    target it tunes nprobe × re-rank to the fastest setting reaching it, and held-out queries
+    (not the corpus sample it tuned on) get that recall too."""
+    emb, held_out = _tight_clusters(6000)
+    np.save(tmp_path / "emb.npy", emb)
+    kw = dict(embeddings=tmp_path / "emb.npy", factory="IVF16,PQ4", train_size=3000,
+              nprobe=2, progress=False)
+    plain = build_index(_passages(6000), None, tmp_path / "plain", **kw)
+    r = plain.manifest["recall"]
+    assert r["queries"] == "corpus sample" and r["n"] == 256
+    at10 = r["at"]["10"]
+    assert at10["low"] <= at10["recall"] <= at10["high"] and at10["recall"] < 0.9
+    tuned = build_index(_passages(6000), None, tmp_path / "tuned", target_recall=0.9,
+                        recall_k=5, **kw)
+    t = tuned.manifest["recall"]
+    assert t["tuning"]["reached"] and set(t["at"]) == {"5", "10"}
+    assert tuned.manifest["rerank_dtype"] == "float32" and tuned.manifest["rerank_factor"] > 0
+    assert t["at"]["10"]["low"] >= 0.9
+    exact = np.argsort(-(held_out @ emb.T), axis=1)[:, :10]
+    got = Index.load(tmp_path / "tuned").search(held_out, 10).ids
+    held = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, exact)])
+    assert held >= 0.9, held
+    # search-time knobs: no re-ranking gives the plain PQ recall back
+    loose = Index.load(tmp_path / "tuned").search(held_out, 10, rerank=0, nprobe=1).ids
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(loose, exact)]) < held
+    with pytest.raises(ValueError, match="re-ranking needs the vectors"):
+        plain.search(held_out, 10, rerank=4)
+
+
+def test_search_results_carry_the_source_document_and_span(tmp_path):
+    """Chunked documents come back with the id the user gave each document and the
+    character span of the chunk in it."""
+    from replug_jax.replug import source_of
+    from replug_jax.retrieval.corpus import Document, chunk_documents
+
+    docs = [Document(str(i), " ".join(f"w{i}_{j}" for j in range(250)), f"T{i}")
+            for i in range(3)]
+    passages = chunk_documents(docs, size=100)
+    emb = clustered(len(passages))
+    res = Index.build(emb, passages).search(emb[[4]], 1)
+    [p] = res.passages[0]
+    src = source_of(p)
+    doc = docs[int(src["source_id"])]
+    assert doc.text[src["start"]:src["end"]] == p.text and src["id"] == 4

@@ -30,6 +30,7 @@ import json
 import os
 import pathlib
 import shutil
+import time
 import warnings
 import weakref
 from typing import Callable, Iterable, Sequence
@@ -224,7 +225,10 @@ class DeviceIndex:
     def passages(self) -> PassageStore:
         return self.store
 
-    def search(self, queries_BD, k: int, exclude_ids=None) -> SearchResult:
+    def search(self, queries_BD, k: int, exclude_ids=None, *, nprobe: int | None = None,
+               rerank: int | None = None) -> SearchResult:
+        """Exact top-``k``: ``nprobe`` and ``rerank`` (the knobs of an approximate
+        :class:`Index`) are accepted and have nothing to change."""
         q = _checked_queries(queries_BD, self.manifest["dim"], k)
         excl = per_query_exclusions(exclude_ids, q.shape[0])
         fetch = min(self.n, k + max((len(e) for e in excl), default=0))
@@ -496,21 +500,40 @@ class Index:
         return cls([(faiss_index, 0)], store, manifest)
 
     def search(self, queries_BD: np.ndarray, k: int,
-               exclude_ids: Sequence[Iterable[int]] | Iterable[int] | None = None
-               ) -> SearchResult:
+               exclude_ids: Sequence[Iterable[int]] | Iterable[int] | None = None, *,
+               nprobe: int | None = None, rerank: int | None = None) -> SearchResult:
         """Top-``k`` passages per query over every shard (exact merge), skipping
         ``exclude_ids`` (the leakage filter): one collection for all queries or one per query.
         When fewer than ``k`` passages are available, the missing slots have id -1 and a
-        warning says so."""
+        warning says so.
+
+        ``nprobe`` (IVF lists searched) and ``rerank`` (re-score ``rerank × k`` candidates
+        exactly from the stored vectors; 0: the approximate scores as they are) override the
+        manifest's defaults for this call; re-ranking needs an index built with stored vectors
+        (``--rerank`` or ``--target-recall``)."""
         q = _checked_queries(queries_BD, self.manifest["dim"], k)
         b = q.shape[0]
         excl = per_query_exclusions(exclude_ids, b)
         fetch = k + max((len(e) for e in excl), default=0)
-        factor = self.manifest.get("rerank_factor") or 1
+        factor = self.manifest.get("rerank_factor", 0) if rerank is None else int(rerank)
+        if factor < 0:
+            raise ValueError(f"rerank must be >= 0, got {factor}")
+        if factor and any(v is None for v in self._vectors):
+            raise ValueError("re-ranking needs the vectors stored with the index; rebuild it "
+                             "with --rerank F or --target-recall R")
+        if nprobe is not None and nprobe <= 0:
+            raise ValueError(f"nprobe must be positive, got {nprobe}")
+        default_nprobe = self.manifest.get("nprobe", 16)
         scores, rows = [], []
         for (ix, lo), vectors in zip(self._search, self._vectors):
-            s, r = ix.search(q, min(fetch * factor, int(ix.ntotal)))
-            if vectors is not None:  # exact inner products of the candidates, from disk
+            if nprobe is not None:
+                _set_nprobe(ix, nprobe)
+            try:
+                s, r = ix.search(q, min(fetch * max(factor, 1), int(ix.ntotal)))
+            finally:
+                if nprobe is not None:
+                    _set_nprobe(ix, default_nprobe)
+            if factor and vectors is not None:  # exact inner products of the candidates
                 s = _exact_scores(q, vectors, r)
             scores.append(np.where(r >= 0, s, -np.inf).astype(np.float32))
             rows.append(np.where(r >= 0, r + lo, -1))
@@ -617,6 +640,14 @@ class Index:
         for spec in manifest["shards"]:  # cheap checks first: a shard missing or stray
             _check_shard(d / spec["dir"], _read_shard_info(d / spec["dir"]), spec, manifest)
         cls._check_files(d, manifest, full=False)
+        return cls._open(d, manifest, mmap=mmap, gpu=gpu)
+
+    @classmethod
+    def _open(cls, d: pathlib.Path, manifest: dict, *, mmap: bool = True,
+              gpu: str = "auto") -> "Index":
+        """The index of directory ``d`` described by ``manifest`` (its files already
+        checked): the store, the FAISS shards, the re-ranking vectors, the manifest's
+        nprobe."""
         try:
             store = PassageStore.open(d / STORE)
         except ValueError as err:
@@ -633,7 +664,7 @@ class Index:
             raise IndexLoadError(f"{d / STORE}: passages of another corpus than the manifest's")
         index = cls(shards, store, manifest, gpu=gpu)
         index.set_nprobe(manifest.get("nprobe", 16))  # the manifest's, not the file's own
-        if manifest.get("rerank_factor"):
+        if manifest.get("rerank_vectors"):
             index._vectors = [NpyRows(d / spec["dir"] / "vectors.npy",
                                       n=spec["hi"] - spec["lo"], dim=manifest["dim"])
                               for spec in manifest["shards"]]
@@ -704,7 +735,8 @@ def _shard_key(manifest: dict) -> dict:
             "pooling": enc.get("pooling"), "max_length": enc.get("max_length"),
             "dim": manifest["dim"], "embeddings": manifest.get("embeddings_key"),
             "train_size": manifest.get("train_size"),
-            "rerank_factor": manifest.get("rerank_factor", 0)}
+            "rerank_vectors": bool(manifest.get("rerank_vectors")),
+            "rerank_dtype": manifest.get("rerank_dtype", "float16")}
 
 
 def _check_shard(sd: pathlib.Path, info: dict, spec: dict, manifest: dict) -> None:
@@ -735,14 +767,14 @@ def _exact_scores(q_BD: np.ndarray, vectors: "NpyRows", rows_BF: np.ndarray) -> 
 
 
 def _write_vectors(path: pathlib.Path, source: "EmbeddingSource", lo: int, hi: int,
-                   batch: int = 65536) -> None:
-    """Rows ``lo..hi-1`` of ``source`` as a float16 ``.npy`` for exact re-ranking."""
+                   dtype: str = "float16", batch: int = 65536) -> None:
+    """Rows ``lo..hi-1`` of ``source`` as a float16 (or float32) ``.npy`` for re-ranking."""
     with atomic_path(path, suffix=".npy") as tmp, open(tmp, "wb") as f:
         # streamed with write(), not a memory map: written pages never count as ours
         np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(
-            np.dtype(np.float16)), "fortran_order": False, "shape": (hi - lo, source.dim)})
+            np.dtype(dtype)), "fortran_order": False, "shape": (hi - lo, source.dim)})
         for a in range(lo, hi, batch):
-            f.write(source.rows(a, min(hi, a + batch)).astype(np.float16).tobytes())
+            f.write(source.rows(a, min(hi, a + batch)).astype(dtype).tobytes())
 
 
 def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict,
@@ -755,8 +787,9 @@ def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     faiss.write_index(faiss_index, str(tmp / "index.faiss"))
-    if manifest.get("rerank_factor") and source is not None:
-        _write_vectors(tmp / "vectors.npy", source, lo, hi)
+    if manifest.get("rerank_vectors") and source is not None:
+        _write_vectors(tmp / "vectors.npy", source, lo, hi,
+                       manifest.get("rerank_dtype", "float16"))
     write_json_atomic({**_shard_key(manifest), "lo": lo, "hi": hi,
                        "ntotal": int(faiss_index.ntotal)}, tmp / "shard.json")
     replace_dir(tmp, sd)
@@ -765,7 +798,7 @@ def _write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict
 def _finish(d: pathlib.Path, manifest: dict) -> None:
     """Write the manifest with the table of every file's size, mtime and SHA-256."""
     per_shard = ("index.faiss", "shard.json") + (("vectors.npy",) if manifest.get(
-        "rerank_factor") else ())
+        "rerank_vectors") else ())
     names = ["passages.arrow", "passages.json"] + [
         f"{s['dir']}/{f}" for s in manifest["shards"] for f in per_shard]
     files = {}
@@ -851,7 +884,9 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
                 num_shards: int = 1, embed_shard_rows: int = 65536,
                 train_size: int | None = None, rerank: int = 0, progress: bool = True,
                 extra: dict | None = None, on_shard: Callable[[int], None] | None = None,
-                gpu: str = "auto") -> Index:
+                gpu: str = "auto", target_recall: float | None = None,
+                recall_queries: np.ndarray | None = None, recall_k: int | None = None,
+                recall_sample: int = 256) -> Index:
     """Build an index directory at ``out_dir``, resumably, on one or many processes.
 
     ``passages`` is a list, a :class:`PassageStore`, or the path of a store already written
@@ -862,12 +897,20 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
     only a finished build appears at ``out_dir``. Multi-host builds need ``out_dir`` on a
     shared filesystem and :func:`jax.distributed.initialize` first.
 
-    ``rerank=F`` keeps every shard's vectors on disk in float16 (N·D·2 bytes, read only for
+    ``rerank=F`` keeps every shard's vectors on disk in float16 (N·D·2 bytes; float32 when
+    tuning to a ``target_recall``, N·D·4 bytes; read only for
     candidates) and re-ranks the ``F·k`` candidates of an approximate index (IVF-PQ) by their
     exact inner products: the recall of exact search for a few more bytes read per query.
+
+    An approximate index's recall@10 (and @``recall_k``) against exact search is measured at
+    the end (:func:`replug_jax.retrieval.quality.recall_report`: ``recall_queries`` or a
+    seeded sample of ``recall_sample`` corpus vectors) and stored in the manifest. With
+    ``target_recall``, nprobe × re-rank factor is tuned to the fastest setting reaching it
+    (vectors are kept for re-ranking when the codes are lossy) and recorded as the default.
     """
     if retriever is None and embeddings is None:
         raise ValueError("need a retriever to embed the passages, or --embeddings")
+    t_start = time.perf_counter()
     out = pathlib.Path(out_dir)
     work = out.with_name(out.name + ".partial")
     work.mkdir(parents=True, exist_ok=True)
@@ -900,6 +943,8 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
             store, retriever, work / "embeddings", shard_rows=embed_shard_rows,
             progress=progress, process_index=pid, process_count=pcount))
     encoder = retriever.identity if retriever is not None else {}
+    last = factory.split(",")[-1]
+    keep_vectors = target_recall is not None and not last.startswith(("Flat", "HNSW"))
     bounds = np.linspace(0, len(store), num_shards + 1).astype(int)
     manifest = {"version": INDEX_VERSION, "factory": factory, "metric": "inner_product",
                 "dim": source.dim, "n": len(store), "nprobe": nprobe, "encoder": encoder,
@@ -908,7 +953,11 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
                             "hi": int(bounds[s + 1])} for s in range(num_shards)],
                 "truncated_passages": getattr(retriever, "truncated", 0) - before,
                 "train_size": train_size,
-                **({"rerank_factor": int(rerank)} if rerank else {}),
+                "rerank_vectors": bool(rerank) or keep_vectors, "rerank_factor": int(rerank),
+                # tuning to a recall target re-ranks in float32: float16 scores (3 digits)
+                # cannot order near-equidistant neighbours (measured: recall@10 stops at 0.90
+                # on tight clusters however many candidates are re-ranked)
+                "rerank_dtype": "float32" if keep_vectors else "float16",
                 **({"embeddings": str(embeddings),
                     "embeddings_key": _embeddings_key(embeddings)}
                    if embeddings is not None else {}),
@@ -931,7 +980,18 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
             on_shard(s)
     barrier("replug_shards")
     if pid == 0:
+        if factory != "Flat":  # an approximate index: how exact is it, on this data?
+            from replug_jax.retrieval.quality import recall_report
+
+            index = Index._open(work, manifest, gpu="cpu")
+            manifest["recall"] = recall_report(index, source, k=10, user_k=recall_k,
+                                               queries_QD=recall_queries,
+                                               sample=recall_sample, target=target_recall)
+            manifest["nprobe"] = index.manifest["nprobe"]
+            manifest["rerank_factor"] = index.manifest.get("rerank_factor", 0)
+            del index
         shutil.rmtree(work / "embeddings", ignore_errors=True)
+        manifest["build_seconds"] = round(time.perf_counter() - t_start, 2)  # this process's
         _finish(work, manifest)
         replace_dir(work, out)
     barrier("replug_index_done")

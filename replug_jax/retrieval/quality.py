@@ -1,0 +1,162 @@
+"""Search quality the user can see and set: recall of an approximate index against exact
+search, measured on the user's data, and the fastest setting that reaches a target.
+
+Recall@k of a query is the fraction of its exact top-k (inner product, streamed over the
+stored embeddings: one pass, memory of one block) that the index returns in its top-k.
+Queries are a seeded sample of the corpus's own vectors (each query's own row left out of both
+lists, so it never counts as a free hit) or the user's queries (``--recall-queries``), which
+are distributed like real queries. The mean comes with a bootstrap interval over queries.
+
+Tuning searches nprobe × re-rank factor (FAISS's ``ParameterSpace`` sets nprobe; its
+``OperatingPoints`` keeps the recall/time frontier) for the fastest setting whose interval's
+lower bound reaches the target.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from replug_jax.retrieval.index import EmbeddingSource, Index
+
+NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+RERANKS = (0, 2, 4, 8, 16, 32, 64, 128)
+
+
+def exact_neighbours(source: EmbeddingSource, queries_QD: np.ndarray, k: int, *,
+                     exclude_rows: np.ndarray | None = None, block: int = 65536) -> np.ndarray:
+    """``[Q, k]`` rows of the exact inner-product top-k over ``source``, one pass in blocks
+    (each query's ``exclude_rows`` entry, if given, never returned)."""
+    q = np.asarray(queries_QD, np.float32)
+    best_s = np.full((len(q), 0), -np.inf, np.float32)
+    best_r = np.zeros((len(q), 0), np.int64)
+    for lo in range(0, source.n, block):
+        x = source.rows(lo, min(source.n, lo + block))
+        s = q @ x.T
+        if exclude_rows is not None:
+            own = exclude_rows - lo
+            inside = (own >= 0) & (own < len(x))
+            s[np.flatnonzero(inside), own[inside]] = -np.inf
+        s = np.concatenate([best_s, s], 1)
+        r = np.concatenate([best_r, np.broadcast_to(np.arange(lo, lo + len(x)),
+                                                    (len(q), len(x)))], 1)
+        keep = np.argsort(-s, axis=1, kind="stable")[:, :k]
+        best_s, best_r = np.take_along_axis(s, keep, 1), np.take_along_axis(r, keep, 1)
+    return best_r
+
+
+def interval(values: np.ndarray, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of a mean over items."""
+    v = np.asarray(values, np.float64)
+    if np.allclose(v, v[0]):
+        return float(v[0]), float(v[0])
+    from scipy.stats import bootstrap
+
+    res = bootstrap((v,), np.mean, confidence_level=confidence, n_resamples=2000,
+                    method="percentile", random_state=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def measure(index: Index, queries_QD: np.ndarray, exact_QK: np.ndarray, k: int, *,
+            nprobe: int | None = None, rerank: int | None = None,
+            exclude_rows: np.ndarray | None = None) -> dict:
+    """Recall@k of ``index`` (at ``nprobe`` / ``rerank``, default: its manifest's) against
+    ``exact_QK``, with its interval and the queries per second of the search."""
+    extra = 1 if exclude_rows is not None else 0
+    t0 = time.perf_counter()
+    res = index.search(queries_QD, k + extra, nprobe=nprobe, rerank=rerank)
+    seconds = time.perf_counter() - t0
+    rows = _rows_of(index, res.ids)
+    hits = []
+    for i, got in enumerate(rows):
+        got = [r for r in got if r >= 0 and (exclude_rows is None or r != exclude_rows[i])][:k]
+        hits.append(len(set(got) & set(exact_QK[i, :k].tolist())) / k)
+    low, high = interval(np.array(hits))
+    return {"k": k, "recall": float(np.mean(hits)), "low": low, "high": high,
+            "queries": len(hits), "qps": len(hits) / max(seconds, 1e-9),
+            "nprobe": index.manifest.get("nprobe") if nprobe is None else nprobe,
+            "rerank": index.manifest.get("rerank_factor", 0) if rerank is None else rerank}
+
+
+def _rows_of(index: Index, ids_QK: np.ndarray) -> np.ndarray:
+    """Store rows of passage ids (ids and rows coincide unless the corpus numbered them)."""
+    rows = np.full(ids_QK.shape, -1, np.int64)
+    valid = ids_QK >= 0
+    rows[valid] = index.store.rows_of(ids_QK[valid])
+    return rows
+
+
+def tune(index: Index, queries_QD: np.ndarray, exact_QK: np.ndarray, k: int, target: float,
+         *, exclude_rows: np.ndarray | None = None, nprobes: Sequence[int] | None = None,
+         reranks: Sequence[int] | None = None) -> dict:
+    """The fastest (nprobe, re-rank) whose recall@k interval's lower bound reaches ``target``
+    (else the most accurate one, flagged), and the measured frontier."""
+    import faiss
+
+    nlist = _nlist(index)
+    nprobes = [p for p in (nprobes or NPROBES) if nlist and p <= nlist] or [None]
+    has_vectors = all(v is not None for v in index._vectors)
+    reranks = [r for r in (reranks or RERANKS) if r == 0 or has_vectors]
+    points = faiss.OperatingPoints()
+    measured = []
+    for rerank in reranks:
+        for nprobe in nprobes:
+            m = measure(index, queries_QD, exact_QK, k, nprobe=nprobe, rerank=rerank,
+                        exclude_rows=exclude_rows)
+            measured.append(m)
+            points.add(m["low"], 1.0 / m["qps"], f"{nprobe},{rerank}")
+            if m["low"] >= target:  # more probes only cost time at this re-rank factor
+                break
+    frontier = [points.optimal_pts.at(i) for i in range(points.optimal_pts.size())]
+    frontier = [p for p in frontier if p.key]  # FAISS seeds it with an empty point
+    frontier = [{"nprobe": _int(p.key.split(",")[0]), "rerank": int(p.key.split(",")[1]),
+                 "recall_low": float(p.perf), "seconds_per_query": float(p.t)}
+                for p in frontier]
+    good = [m for m in measured if m["low"] >= target]
+    best = min(good, key=lambda m: 1.0 / m["qps"]) if good else max(
+        measured, key=lambda m: (m["recall"], m["qps"]))
+    return {"target": target, "reached": bool(good), "best": best, "measured": measured,
+            "frontier": frontier}
+
+
+def _int(text: str) -> int | None:
+    return None if text == "None" else int(text)
+
+
+def _nlist(index: Index) -> int:
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index.shards[0][0])
+    return int(ivf.nlist) if ivf is not None else 0
+
+
+def recall_report(index: Index, source: EmbeddingSource, *, k: int = 10,
+                  user_k: int | None = None, queries_QD: np.ndarray | None = None,
+                  sample: int = 256, seed: int = 0, target: float | None = None) -> dict:
+    """Recall@k (and @``user_k``) of ``index`` at its defaults, on the user's queries or a
+    seeded sample of the corpus's vectors; with ``target``, the tuned setting too (which the
+    caller records as the index's default). Returns what the manifest stores under
+    ``recall``."""
+    exclude = None
+    if queries_QD is None:
+        rows = np.sort(np.random.default_rng(seed).choice(source.n, min(sample, source.n),
+                                                          replace=False))
+        queries_QD, exclude, kind = source.take(rows), rows, "corpus sample"
+    else:
+        kind = "user queries"
+    room = source.n - (1 if exclude is not None else 0)  # a query's own row never counts
+    ks = sorted({min(k, room), min(user_k or k, room)})
+    k = ks[0] if k > room else k
+    exact = exact_neighbours(source, queries_QD, max(ks), exclude_rows=exclude)
+    out = {"queries": kind, "n": int(len(queries_QD)), "seed": seed}
+    if target is not None:
+        tuned = tune(index, queries_QD, exact, k, target, exclude_rows=exclude)
+        out["tuning"], out["tuned_k"] = tuned, k
+        index.manifest["nprobe"] = tuned["best"]["nprobe"] or index.manifest.get("nprobe")
+        index.manifest["rerank_factor"] = tuned["best"]["rerank"]
+        index.set_nprobe(index.manifest["nprobe"])
+    out["at"] = {str(kk): measure(index, queries_QD, exact, kk, exclude_rows=exclude)
+                 for kk in ks}
+    return out
