@@ -23,6 +23,7 @@ record (LM, prompt settings, lengths, corpus checksum, base retriever).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 import time
@@ -102,7 +103,8 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
 
     Pairs are scored ``part_size`` examples at a time (``scorer`` buckets them by length) and
     each part is written as its own file, so a killed build resumes at the first missing part;
-    a folder holding parts of another build (``provenance`` differs) is refused. Returns the
+    a folder holding parts of another build (``provenance`` or the candidates differ) is
+    refused. Returns the
     pool, with ``provenance`` extended by the pairs/s measured.
     """
     from tqdm.auto import tqdm
@@ -110,6 +112,9 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
     d = pathlib.Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     key_path = d / "build.json"
+    candidates_EM = np.asarray(candidates_EM, np.int64)
+    provenance = {**provenance, "candidates_sha256": hashlib.sha256(
+        np.ascontiguousarray(candidates_EM).tobytes()).hexdigest()}
     if key_path.exists() and json.loads(key_path.read_text()) != provenance:
         raise ValueError(f"{d}: holds parts of a pool built with other settings; use another "
                          "folder or delete it")
@@ -280,6 +285,8 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     q_ids, q_mask = retriever.tokenize_fixed([ex.query for ex in train_examples],
                                              retriever.query_max_length,
                                              retriever.query_truncation)
+    longest = int(q_mask.sum(1).max())  # padding past the longest query changes nothing
+    q_ids, q_mask = q_ids[:, :longest], q_mask[:, :longest]
 
     def evaluate(params) -> float:
         q, d = embed_pool(retriever, params, dev_pool, dev_examples, passages_by_id)
