@@ -26,14 +26,25 @@ LATENT = 64
 class Generator:
     """Seeded clustered embeddings: ``vectors(lo, hi)`` is deterministic for any row range."""
 
-    def __init__(self, dim: int = 384, topics: int = 20000, seed: int = 0):
+    def __init__(self, dim: int = 384, topics: int = 20000, seed: int = 0,
+                 kind: str = "latent"):
+        """``kind="latent"``: topics in a 64-d latent space (the default above); ``"tight"``:
+        ``topics`` tight clusters in all D dimensions whose members are nearly equidistant
+        from each other (isotropic spread 0.05 / √D per axis), the data that is hard for PQ."""
+        if kind not in ("latent", "tight"):
+            raise ValueError(f"kind must be latent or tight, got {kind!r}")
         rng = np.random.default_rng(seed)
-        self.dim, self.seed = dim, seed
-        self.centers = rng.normal(size=(topics, LATENT)).astype(np.float32)
+        self.dim, self.seed, self.kind = dim, seed, kind
+        self.centers = rng.normal(size=(topics, LATENT if kind == "latent" else dim)
+                                  ).astype(np.float32)
         self.basis = np.linalg.qr(rng.normal(size=(dim, LATENT)))[0].T.astype(np.float32)
 
     def _draw(self, rng, n: int) -> np.ndarray:
         topic = rng.integers(len(self.centers), size=n)
+        if self.kind == "tight":
+            c = self.centers[topic] / np.linalg.norm(self.centers[topic], axis=1, keepdims=True)
+            x = c + 0.05 * rng.normal(size=(n, self.dim)).astype(np.float32)
+            return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
         z = self.centers[topic] + 0.35 * rng.normal(size=(n, LATENT)).astype(np.float32)
         x = z @ self.basis + 0.02 * rng.normal(size=(n, self.dim)).astype(np.float32)
         return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
