@@ -76,6 +76,16 @@ def run(main) -> None:
         raise SystemExit(2) from None
 
 
+def parse_experiment_args(argv, doc: str, configs: dict):
+    """``(args, cfg)`` of an experiment script: its docstring as ``--help``, the standard
+    options (:func:`add_standard_args`) and the chosen config with its overrides."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_standard_args(ap, configs)
+    args = ap.parse_args(argv)
+    return args, pick_config(configs, args.config, args.set)
+
+
 def add_standard_args(ap: argparse.ArgumentParser, configs: dict) -> None:
     ap.add_argument("--config", default="default",
                     help=f"config variant: one of {sorted(configs)}, or path/to/file.py:variant")

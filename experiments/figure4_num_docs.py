@@ -11,17 +11,15 @@ Usage: ``python -m experiments.figure4_num_docs [--config tiny]``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import numpy as np
 
 from experiments.common import (
     Stopwatch,
-    add_standard_args,
     load_lm,
     new_figure,
-    pick_config,
+    parse_experiment_args,
     provenance,
     run,
     save_figure,
@@ -54,11 +52,7 @@ def perplexity_by_k(results, ks) -> dict[int, float]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_standard_args(ap, CONFIGS)
-    args = ap.parse_args(argv)
-    cfg = pick_config(CONFIGS, args.config, args.set)
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     ks = sorted(set(cfg.ks))
     lm = load_lm(cfg.lm, cfg.max_context)
     with Stopwatch() as sw:

@@ -14,7 +14,6 @@ Usage: ``python -m experiments.inference_temperature --config nq|wikitext``.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -24,10 +23,9 @@ import numpy as np
 
 from experiments.common import (
     Stopwatch,
-    add_standard_args,
     load_lm,
     new_figure,
-    pick_config,
+    parse_experiment_args,
     provenance,
     run,
     save_figure,
@@ -177,11 +175,7 @@ def difference(cfg, a, b, num_bytes) -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_standard_args(ap, CONFIGS)
-    args = ap.parse_args(argv)
-    cfg = pick_config(CONFIGS, args.config, args.set)
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     retrievers = parse_retrievers(cfg.retrievers)
     if cfg.steps and (len(cfg.steps) != len(retrievers) or cfg.dataset != "wikitext"):
         raise ValueError(f"steps gives one training step per retriever of a wikitext run: "

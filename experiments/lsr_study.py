@@ -20,7 +20,6 @@ Usage: ``python -m experiments.lsr_study [--config default|tiny] [--set key=valu
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -30,10 +29,9 @@ import numpy as np
 
 from experiments.common import (
     Stopwatch,
-    add_standard_args,
     load_lm,
     new_figure,
-    pick_config,
+    parse_experiment_args,
     provenance,
     run,
     save_figure,
@@ -48,7 +46,6 @@ from replug_jax.retrieval.index import Index, corpus_text
 from replug_jax.train.data import lm_examples
 from replug_jax.train.pool import (
     PoolTrainConfig,
-    ScoredPool,
     bits_per_byte,
     build_pool,
     embed_pool,
@@ -113,11 +110,7 @@ def save_params(params, path: pathlib.Path, info: dict) -> None:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_standard_args(ap, CONFIGS)
-    args = ap.parse_args(argv)
-    cfg = pick_config(CONFIGS, args.config, args.set)
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     if cfg.k > cfg.pool_size:
         raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} candidates")
     progress = not args.no_progress

@@ -9,15 +9,13 @@ removes, per window, the passages that overlap the text the window reads. Usage:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 from experiments.common import (
     Stopwatch,
-    add_standard_args,
     load_lm,
     new_figure,
-    pick_config,
+    parse_experiment_args,
     provenance,
     run,
     save_figure,
@@ -38,11 +36,7 @@ DIFFERENCES = (
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_standard_args(ap, CONFIGS)
-    args = ap.parse_args(argv)
-    cfg = pick_config(CONFIGS, args.config, args.set)
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     lm = load_lm(cfg.lm, cfg.max_context)
     with Stopwatch() as sw:
         docs, passages, settings = wikitext_setup(cfg, lm)

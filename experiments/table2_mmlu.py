@@ -10,16 +10,14 @@ articles cut into 128-token passages (``corpus``). Usage:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 from experiments.common import (
     Stopwatch,
-    add_standard_args,
     load_lm,
     load_retriever,
     new_figure,
-    pick_config,
+    parse_experiment_args,
     provenance,
     require_data,
     run,
@@ -40,11 +38,7 @@ DIFFERENCES = (
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_standard_args(ap, CONFIGS)
-    args = ap.parse_args(argv)
-    cfg = pick_config(CONFIGS, args.config, args.set)
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     folder = require_data("mmlu")
     test = load_mmlu(folder, "test", cfg.subjects or None)
     if cfg.questions_per_subject:

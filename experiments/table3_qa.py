@@ -15,7 +15,6 @@ Usage: ``python -m experiments.table3_qa [--config tiny] [--set k=10]``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -24,11 +23,10 @@ import numpy as np
 
 from experiments.common import (
     Stopwatch,
-    add_standard_args,
     load_lm,
     load_retriever,
     new_figure,
-    pick_config,
+    parse_experiment_args,
     provenance,
     run,
     save_figure,
@@ -141,11 +139,7 @@ def load_question_file(path: str, all_questions: list[str]) -> list[int]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_standard_args(ap, CONFIGS)
-    args = ap.parse_args(argv)
-    cfg = pick_config(CONFIGS, args.config, args.set)
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     lm = load_lm(cfg.lm, cfg.max_context)
     if cfg.dataset == "nq_open":
         passages, questions, answers = load_nq_open(cfg.corpus, lm.tokenizer)
