@@ -101,3 +101,11 @@ def host_copy(tree):
     return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))
                         if isinstance(x, jax.Array) and not x.is_fully_addressable
                         else np.asarray(x), tree)
+
+
+def barrier(name: str) -> None:
+    """Wait for every process (a no-op for one)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

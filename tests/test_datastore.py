@@ -238,7 +238,7 @@ def test_resume_with_another_passage_length_rebuilds_every_shard(tmp_path):
 def test_load_samples_large_files_whose_size_and_mtime_are_unchanged(tmp_path, monkeypatch):
     """A corrupted large file with its size and mtime restored is caught at load by the
     sampled blocks the manifest records (``verify`` still hashes every byte)."""
-    from replug_jax.retrieval import index as index_module
+    from replug_jax.retrieval import integrity as index_module
 
     monkeypatch.setattr(index_module, "SMALL_FILE_BYTES", 1024)
     monkeypatch.setattr(index_module, "SAMPLE_BYTES", 512)

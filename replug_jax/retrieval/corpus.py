@@ -316,3 +316,10 @@ def python_docs_documents(modules: Iterable[str] = DEMO_MODULES,
 def demo_corpus(size: int = 100, overlap: int = 0) -> list[Passage]:
     """The demo's passages: Python docs chunked into ``size``-word passages."""
     return chunk_documents(python_docs_documents(), size=size, overlap=overlap)
+
+
+def corpus_text(passage: Passage) -> str:
+    """The text the retriever embeds for a passage (title prepended, as in DPR/Contriever)."""
+    if passage.title and not passage.text.startswith(passage.title):
+        return f"{passage.title}. {passage.text}"
+    return passage.text

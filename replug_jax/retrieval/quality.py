@@ -19,7 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax.retrieval.index import EmbeddingSource, Index
+from replug_jax.retrieval.embeddings import EmbeddingSource
+from replug_jax.retrieval.faiss_index import Index
 
 NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 RERANKS = (0, 2, 4, 8, 16, 32, 64, 128)
@@ -97,8 +98,7 @@ def tune(index: Index, queries_QD: np.ndarray, exact_QK: np.ndarray, k: int, tar
 
     nlist = _nlist(index)
     nprobes = [p for p in (nprobes or NPROBES) if nlist and p <= nlist] or [None]
-    has_vectors = all(v is not None for v in index._vectors)
-    reranks = [r for r in (reranks or RERANKS) if r == 0 or has_vectors]
+    reranks = [r for r in (reranks or RERANKS) if r == 0 or index.has_vectors]
     points = faiss.OperatingPoints()
     measured = []
     for rerank in reranks:

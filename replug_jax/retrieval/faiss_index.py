@@ -1,0 +1,436 @@
+"""FAISS indexes over a memory-mapped passage store, in shards.
+
+An index directory::
+
+    manifest.json            encoder, factory, dim, n, corpus checksum, shards, file table
+    passages.arrow/.json     the passage store (memory-mapped, see retrieval/store.py)
+    shard-00000/index.faiss  FAISS index of rows lo..hi-1 (labels are rows - lo)
+    shard-00000/shard.json   its range and build key, so a stray shard is refused
+    shard-00000/vectors.npy  with re-ranking: the vectors, to re-score candidates exactly
+
+Every FAISS shard covers a contiguous range of store rows and is built, trained and saved on
+its own (on any host); a search queries every shard and merges their top-k exactly. FAISS is
+exact inner product by default (cosine, since the retriever normalises embeddings) or any
+``faiss.index_factory`` string (``IVF4096,Flat``, ``IVF4096,PQ48``, ``OPQ48,IVF4096,PQ48``):
+quantizers are trained on a seeded sample sized from ``nlist`` and vectors are added in
+batches read from memmaps, so peak memory is about the index's own bytes plus one batch.
+Loading memory-maps the FAISS files and the store and checks them
+(:mod:`replug_jax.retrieval.integrity`).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from typing import Iterable, Sequence
+
+import jax
+import numpy as np
+
+from replug_jax.fileio import atomic_path, replace_dir, write_json_atomic
+from replug_jax.retrieval.corpus import Passage
+from replug_jax.retrieval.embeddings import EmbeddingSource, NpyRows
+from replug_jax.retrieval.integrity import IndexLoadError, check_files, file_table
+from replug_jax.retrieval.search import (
+    SearchResult,
+    assemble,
+    checked_queries,
+    per_query_exclusions,
+)
+from replug_jax.retrieval.store import PassageStore
+
+
+INDEX_VERSION = 3  # 3: build key with every shard setting, sampled hashes
+
+
+STORE = "passages.arrow"
+
+
+def set_nprobe_of(index, nprobe: int) -> bool:
+    """Set the IVF lists searched per query through FAISS's parameter space (which reaches
+    inside pre-transforms, shards and replicas; ``GpuParameterSpace`` for GPU indexes, which
+    ``extract_index_ivf`` does not accept); False for an index without inverted lists."""
+    import faiss
+
+    gpu = faiss.get_num_gpus() > 0 and hasattr(faiss, "GpuParameterSpace")
+    space = faiss.GpuParameterSpace() if gpu else faiss.ParameterSpace()
+    try:
+        space.set_index_parameter(index, "nprobe", int(nprobe))
+    except RuntimeError:
+        return False
+    return True
+
+
+def train_size_for(base, n: int) -> int:
+    """Training vectors for a FAISS index: 64 per IVF list (FAISS warns below 39) and at least
+    16384 (PQ's 256 centroids per sub-quantizer), capped at ``n``."""
+    import faiss
+
+    try:
+        nlist = faiss.extract_index_ivf(base).nlist
+    except RuntimeError:
+        nlist = 0
+    return int(min(n, max(64 * nlist, 16384)))
+
+
+def build_faiss(source: EmbeddingSource, lo: int, hi: int, factory: str = "Flat", *,
+                nprobe: int = 16, train_size: int | None = None, add_batch: int = 65536,
+                seed: int = 0, progress: bool = False):
+    """A FAISS index of rows ``lo..hi-1`` of ``source``: trained on a seeded sample, filled in
+    batches of ``add_batch`` rows (labels ``0..hi-lo-1``)."""
+    import faiss
+    from tqdm.auto import tqdm
+
+    n = hi - lo
+    base = faiss.index_factory(source.dim, factory, faiss.METRIC_INNER_PRODUCT)
+    if not base.is_trained:
+        size = train_size or train_size_for(base, n)
+        rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
+        base.train(source.take(rows + lo))
+    set_nprobe_of(base, nprobe)
+    bar = tqdm(total=n, desc=f"adding to {factory}", unit="vector", mininterval=0.5,
+               disable=not progress or n <= add_batch)
+    flat = faiss.downcast_index(base)
+    if type(flat) in (faiss.IndexFlatIP, faiss.IndexFlat) and n > 0:
+        # Size the flat storage once and fill it in place: growing it by ``add`` would
+        # reallocate and copy (peak up to twice the index); this way it is the index + a batch.
+        flat.codes.resize(n * flat.code_size)
+        view = faiss.rev_swig_ptr(flat.codes.data(), n * flat.code_size)
+        rows_ND = view.view(np.float32).reshape(n, source.dim)
+        for a in range(lo, hi, add_batch):
+            x = source.rows(a, min(hi, a + add_batch))
+            rows_ND[a - lo:a - lo + len(x)] = x
+            bar.update(len(x))
+        flat.ntotal = n
+    else:
+        for a in range(lo, hi, add_batch):
+            x = source.rows(a, min(hi, a + add_batch))
+            base.add(x)
+            bar.update(len(x))
+    bar.close()
+    return base
+
+
+def _gpu_clone(index, mode: str):
+    """Move a FAISS index to the GPUs when FAISS sees any: ``replicate`` on every GPU when it
+    fits one, ``shard`` across GPUs (FAISS ``IndexShards``) when it does not; ``auto`` picks by
+    the index's bytes against the smallest GPU's memory as JAX reports it."""
+    import faiss
+
+    if mode == "cpu" or faiss.get_num_gpus() == 0:
+        return index
+    if mode == "auto":
+        try:
+            limit = min(d.memory_stats()["bytes_limit"] for d in jax.devices("gpu"))
+        except (RuntimeError, KeyError, TypeError):
+            limit = None
+        size = faiss.serialize_index(index).nbytes if limit is not None else 0
+        mode = "shard" if limit is not None and size > 0.6 * limit else "replicate"
+    co = faiss.GpuMultipleClonerOptions()
+    co.shard = mode == "shard"
+    return faiss.index_cpu_to_all_gpus(index, co)
+
+
+class Index:
+    """FAISS shards + the passage store + a manifest describing how they were made.
+
+    ``shards`` is a list of ``(faiss_index, lo)``: shard labels are store rows minus ``lo``.
+    """
+
+    def __init__(self, shards: list[tuple[object, int]], store: PassageStore, manifest: dict,
+                 gpu: str = "auto"):
+        self.shards = shards
+        self.store = store
+        self.manifest = manifest
+        total = sum(int(ix.ntotal) for ix, _ in shards)
+        if total != len(store):
+            raise IndexLoadError(f"{total} vectors for {len(store)} passages")
+        self._search = [(_gpu_clone(ix, gpu), lo) for ix, lo in shards]
+        self._vectors: list[NpyRows | None] = [None] * len(shards)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def has_vectors(self) -> bool:
+        """Whether the vectors are stored with the index (re-ranking is possible)."""
+        return all(v is not None for v in self._vectors)
+
+    @property
+    def passages(self) -> PassageStore:
+        """The passages, by id (``index.passages[id]``) or in order (iteration)."""
+        return self.store
+
+    @classmethod
+    def build(cls, embeddings_ND: np.ndarray, passages: Sequence[Passage] | PassageStore, *,
+              factory: str = "Flat", encoder: dict | None = None, nprobe: int = 16,
+              extra: dict | None = None) -> "Index":
+        """An in-memory, one-shard index of ``embeddings_ND`` (row i is the i-th passage)."""
+        emb = np.asarray(embeddings_ND)
+        if emb.ndim != 2 or emb.shape[0] == 0:
+            raise ValueError(f"need a non-empty [N, D] embedding matrix, got {emb.shape}")
+        store = passages if isinstance(passages, PassageStore) else \
+            PassageStore.from_passages(passages)
+        if emb.shape[0] != len(store):
+            raise ValueError(f"{emb.shape[0]} embeddings for {len(store)} passages")
+        if not np.isfinite(emb).all():
+            raise ValueError("embeddings contain NaN or inf; refusing to index them")
+        source = EmbeddingSource([emb])
+        faiss_index = build_faiss(source, 0, len(store), factory, nprobe=nprobe)
+        manifest = {"version": INDEX_VERSION, "factory": factory, "metric": "inner_product",
+                    "dim": int(emb.shape[1]), "n": len(store), "nprobe": nprobe,
+                    "encoder": encoder or {}, "corpus_checksum": store.checksum,
+                    "shards": [{"dir": "shard-00000", "lo": 0, "hi": len(store)}],
+                    **(extra or {})}
+        return cls([(faiss_index, 0)], store, manifest)
+
+    def search(self, queries_BD: np.ndarray, k: int,
+               exclude_ids: Sequence[Iterable[int]] | Iterable[int] | None = None, *,
+               nprobe: int | None = None, rerank: int | None = None) -> SearchResult:
+        """Top-``k`` passages per query over every shard (exact merge), skipping
+        ``exclude_ids`` (the leakage filter): one collection for all queries or one per query.
+        When fewer than ``k`` passages are available, the missing slots have id -1 and a
+        warning says so.
+
+        ``nprobe`` (IVF lists searched) and ``rerank`` (re-score ``rerank × k`` candidates
+        exactly from the stored vectors; 0: the approximate scores as they are) override the
+        manifest's defaults for this call; re-ranking needs an index built with stored vectors
+        (``--rerank`` or ``--target-recall``)."""
+        q = checked_queries(queries_BD, self.manifest["dim"], k)
+        b = q.shape[0]
+        excl = per_query_exclusions(exclude_ids, b)
+        fetch = k + max((len(e) for e in excl), default=0)
+        factor = self.manifest.get("rerank_factor", 0) if rerank is None else int(rerank)
+        if factor < 0:
+            raise ValueError(f"rerank must be >= 0, got {factor}")
+        if factor and not self.has_vectors:
+            raise ValueError("re-ranking needs the vectors stored with the index; rebuild it "
+                             "with --rerank F or --target-recall R")
+        if nprobe is not None and nprobe <= 0:
+            raise ValueError(f"nprobe must be positive, got {nprobe}")
+        default_nprobe = self.manifest.get("nprobe", 16)
+        scores, rows = [], []
+        for (ix, lo), vectors in zip(self._search, self._vectors):
+            if nprobe is not None:
+                set_nprobe_of(ix, nprobe)
+            try:
+                s, r = ix.search(q, min(fetch * max(factor, 1), int(ix.ntotal)))
+            finally:
+                if nprobe is not None:
+                    set_nprobe_of(ix, default_nprobe)
+            if factor and vectors is not None:  # exact inner products of the candidates
+                s = _exact_scores(q, vectors, r)
+            scores.append(np.where(r >= 0, s, -np.inf).astype(np.float32))
+            rows.append(np.where(r >= 0, r + lo, -1))
+        scores_all, rows_all = np.concatenate(scores, 1), np.concatenate(rows, 1)
+        order = np.lexsort((rows_all, -scores_all), axis=1)  # score desc, then row
+        scores_all = np.take_along_axis(scores_all, order, 1)
+        rows_all = np.take_along_axis(rows_all, order, 1)
+        return assemble(self.store, scores_all, rows_all, excl, k)
+
+    def set_nprobe(self, nprobe: int) -> None:
+        """IVF lists searched per query from now on (recall against speed); no-op for
+        indexes without inverted lists."""
+        if all([set_nprobe_of(ix, nprobe) for ix, _ in self._search]):
+            self.manifest["nprobe"] = nprobe
+
+    def reconstruct_all(self) -> np.ndarray:
+        """``[N, D]`` stored vectors in passage order (exact for Flat indexes)."""
+        return np.concatenate([ix.reconstruct_n(0, int(ix.ntotal)) for ix, _ in self.shards])
+
+    def save(self, directory: str | pathlib.Path) -> pathlib.Path:
+        """Atomically write the index directory (temporary folder, then rename)."""
+        out = pathlib.Path(directory)
+        tmp = out.with_name(out.name + ".saving")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.store.write(tmp / STORE)
+        for (ix, lo), spec in zip(self.shards, self.manifest["shards"]):
+            write_shard(tmp / spec["dir"], ix, spec["lo"], spec["hi"], self.manifest)
+        for spec, vectors in zip(self.manifest["shards"], self._vectors):
+            if vectors is not None:  # the re-ranking vectors travel with the index
+                shutil.copyfile(vectors.path, tmp / spec["dir"] / "vectors.npy")
+        finish_index(tmp, self.manifest)
+        replace_dir(tmp, out)
+        return out
+
+    @staticmethod
+    def _read_manifest(d: pathlib.Path) -> dict:
+        manifest_path = d / "manifest.json"
+        if not d.is_dir():
+            raise IndexLoadError(f"{d}: no such index directory")
+        if not manifest_path.exists():
+            raise IndexLoadError(f"{d}: no manifest.json, so this is not a complete index "
+                                 "(an interrupted build?); rebuild it")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError as err:
+            raise IndexLoadError(f"{manifest_path}: corrupt manifest ({err})") from err
+        if manifest.get("version") != INDEX_VERSION:
+            raise IndexLoadError(f"{d}: index version {manifest.get('version')} is not "
+                                 f"{INDEX_VERSION}; rebuild it")
+        return manifest
+
+    @classmethod
+    def verify(cls, directory: str | pathlib.Path) -> dict:
+        """Hash every file of an index directory against its manifest (``replug index
+        verify``); raises :class:`IndexLoadError` on the first problem."""
+        d = pathlib.Path(directory)
+        manifest = cls._read_manifest(d)
+        check_files(d, manifest.get("files", {}), full=True)
+        return {"files": len(manifest.get("files", {})),
+                "bytes": sum(f["size"] for f in manifest.get("files", {}).values())}
+
+    @classmethod
+    def load(cls, directory: str | pathlib.Path, *, expect_encoder: dict | None = None,
+             expect_corpus_checksum: str | None = None, mmap: bool = True,
+             gpu: str = "auto") -> "Index":
+        """Load and check an index directory; refuse a mismatched encoder or corpus, a
+        missing, truncated or corrupt file, or a shard of another index."""
+        d = pathlib.Path(directory)
+        manifest = cls._read_manifest(d)
+        if expect_encoder is not None:
+            got = manifest.get("encoder", {})
+            for key in ("fingerprint", "pooling", "similarity"):
+                if key in expect_encoder and got.get(key) != expect_encoder[key]:
+                    raise IndexLoadError(
+                        f"{d}: built with encoder {got.get('source')!r} ({key}="
+                        f"{got.get(key)!r}) but the current retriever is "
+                        f"{expect_encoder.get('source')!r} ({key}={expect_encoder[key]!r}); "
+                        "rebuild the index with this retriever")
+        if expect_corpus_checksum is not None and \
+                manifest.get("corpus_checksum") != expect_corpus_checksum:
+            raise IndexLoadError(f"{d}: built from a different corpus (checksum "
+                                 f"{manifest.get('corpus_checksum', '?')[:12]} vs "
+                                 f"{expect_corpus_checksum[:12]}); rebuild it")
+        for spec in manifest["shards"]:  # cheap checks first: a shard missing or stray
+            check_shard(d / spec["dir"], read_shard_info(d / spec["dir"]), spec, manifest)
+        check_files(d, manifest.get("files", {}), full=False)
+        return cls._open(d, manifest, mmap=mmap, gpu=gpu)
+
+    @classmethod
+    def _open(cls, d: pathlib.Path, manifest: dict, *, mmap: bool = True,
+              gpu: str = "auto") -> "Index":
+        """The index of directory ``d`` described by ``manifest`` (its files already
+        checked): the store, the FAISS shards, the re-ranking vectors, the manifest's
+        nprobe."""
+        try:
+            store = PassageStore.open(d / STORE)
+        except ValueError as err:
+            raise IndexLoadError(str(err)) from err
+        shards = []
+        for spec in manifest["shards"]:
+            sd = d / spec["dir"]
+            ix = read_faiss(sd / "index.faiss", mmap)
+            if ix.ntotal != spec["hi"] - spec["lo"]:
+                raise IndexLoadError(f"{sd}: {ix.ntotal} vectors for rows {spec['lo']}.."
+                                     f"{spec['hi'] - 1}")
+            shards.append((ix, spec["lo"]))
+        if store.checksum != manifest["corpus_checksum"]:
+            raise IndexLoadError(f"{d / STORE}: passages of another corpus than the manifest's")
+        index = cls(shards, store, manifest, gpu=gpu)
+        index.set_nprobe(manifest.get("nprobe", 16))  # the manifest's, not the file's own
+        if manifest.get("rerank_vectors"):
+            index._vectors = [NpyRows(d / spec["dir"] / "vectors.npy",
+                                      n=spec["hi"] - spec["lo"], dim=manifest["dim"])
+                              for spec in manifest["shards"]]
+        return index
+
+
+def read_faiss(path: pathlib.Path, mmap: bool):
+    """Read a FAISS file, memory-mapped when ``mmap``: flat codes through
+    ``IO_FLAG_MMAP_IFC``, inverted lists through ``IO_FLAG_MMAP`` (each refuses the other's
+    kind, so the first that applies is used)."""
+    import faiss
+
+    attempts = [faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY,
+                faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY] if mmap else [0]
+    error = None
+    for flags in attempts:
+        try:
+            return faiss.read_index(str(path), flags)
+        except RuntimeError as err:
+            error = err
+    raise IndexLoadError(f"{path}: FAISS cannot read it ({str(error).splitlines()[0]})")
+
+
+def read_shard_info(sd: pathlib.Path) -> dict:
+    if not (sd / "shard.json").exists():
+        raise IndexLoadError(f"{sd}: missing shard; the index is incomplete (rebuild or copy "
+                             "the shard)")
+    try:
+        return json.loads((sd / "shard.json").read_text())
+    except json.JSONDecodeError as err:
+        raise IndexLoadError(f"{sd / 'shard.json'}: corrupt ({err})") from err
+
+
+def shard_key(manifest: dict) -> dict:
+    """Every setting that changes a FAISS shard's bytes: a shard whose ``shard.json`` differs
+    in any of them belongs to another build. (``nprobe`` is a search setting, applied from the
+    manifest at load, so it is not part of the key.)"""
+    enc = manifest.get("encoder", {})
+    return {"corpus_checksum": manifest["corpus_checksum"], "factory": manifest["factory"],
+            "encoder_fingerprint": enc.get("fingerprint"), "similarity": enc.get("similarity"),
+            "pooling": enc.get("pooling"), "max_length": enc.get("max_length"),
+            "dim": manifest["dim"], "embeddings": manifest.get("embeddings_key"),
+            "train_size": manifest.get("train_size"),
+            "rerank_vectors": bool(manifest.get("rerank_vectors")),
+            "rerank_dtype": manifest.get("rerank_dtype", "float16")}
+
+
+def check_shard(sd: pathlib.Path, info: dict, spec: dict, manifest: dict) -> None:
+    want = {**shard_key(manifest), "lo": spec["lo"], "hi": spec["hi"]}
+    for key, value in want.items():
+        if info.get(key) != value:
+            raise IndexLoadError(f"{sd}: a shard of another index ({key} is {info.get(key)!r}, "
+                                 f"this index needs {value!r}); rebuild it")
+
+
+def _exact_scores(q_BD: np.ndarray, vectors: "NpyRows", rows_BF: np.ndarray) -> np.ndarray:
+    """Inner products of each query with its candidate rows, read from ``vectors``."""
+    flat = np.unique(rows_BF[rows_BF >= 0])
+    if not len(flat):
+        return np.full(rows_BF.shape, -np.inf, np.float32)
+    cand_CD = vectors.take(flat).astype(np.float32)
+    pos_BF = np.searchsorted(flat, np.maximum(rows_BF, 0))
+    return np.einsum("bd,bfd->bf", q_BD, cand_CD[pos_BF])
+
+
+def _write_vectors(path: pathlib.Path, source: "EmbeddingSource", lo: int, hi: int,
+                   dtype: str = "float16", batch: int = 65536) -> None:
+    """Rows ``lo..hi-1`` of ``source`` as a float16 (or float32) ``.npy`` for re-ranking."""
+    with atomic_path(path, suffix=".npy") as tmp, open(tmp, "wb") as f:
+        # streamed with write(), not a memory map: written pages never count as ours
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(
+            np.dtype(dtype)), "fortran_order": False, "shape": (hi - lo, source.dim)})
+        for a in range(lo, hi, batch):
+            f.write(source.rows(a, min(hi, a + batch)).astype(dtype).tobytes())
+
+
+def write_shard(sd: pathlib.Path, faiss_index, lo: int, hi: int, manifest: dict,
+                 source: "EmbeddingSource | None" = None) -> None:
+    """Write one FAISS shard atomically (temporary folder, then rename), with its float16
+    vectors when the index re-ranks."""
+    import faiss
+
+    tmp = sd.with_name(sd.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    faiss.write_index(faiss_index, str(tmp / "index.faiss"))
+    if manifest.get("rerank_vectors") and source is not None:
+        _write_vectors(tmp / "vectors.npy", source, lo, hi,
+                       manifest.get("rerank_dtype", "float16"))
+    write_json_atomic({**shard_key(manifest), "lo": lo, "hi": hi,
+                       "ntotal": int(faiss_index.ntotal)}, tmp / "shard.json")
+    replace_dir(tmp, sd)
+
+
+def finish_index(d: pathlib.Path, manifest: dict) -> None:
+    """Write the manifest with the table of every file's size, mtime and SHA-256."""
+    per_shard = ("index.faiss", "shard.json") + (("vectors.npy",) if manifest.get(
+        "rerank_vectors") else ())
+    names = ["passages.arrow", "passages.json"] + [
+        f"{s['dir']}/{f}" for s in manifest["shards"] for f in per_shard]
+    files = file_table(d, names)
+    write_json_atomic({**manifest, "files": files}, d / "manifest.json")
