@@ -53,7 +53,7 @@ def _passage_store(args, retriever):
     spec_path, store_path = work / "corpus_spec.json", work / "passages.arrow"
     import jax
 
-    from replug_jax.retrieval.index import barrier
+    from replug_jax.sharding import barrier
 
     def reusable() -> bool:
         if not spec_path.exists() or json.loads(spec_path.read_text()) != spec:
