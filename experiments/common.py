@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -46,7 +47,7 @@ def command_line() -> str:
         head = ["python", "-m", f"experiments.{script.stem}"]
     else:
         head = ["python", sys.argv[0]]
-    return " ".join(head + sys.argv[1:])
+    return shlex.join(head + sys.argv[1:])
 
 
 def require_data(*parts: str) -> pathlib.Path:
