@@ -422,7 +422,7 @@ class APIScorer:
         return choice
 
     def _request(self, prompt: str, *, generated: str = "", max_tokens: int = 1,
-                 top_n: int = 0, **extra) -> dict:
+                 top_n: int = 0) -> dict:
         """The body of one request in this scorer's endpoint."""
         if self.endpoint == "chat":
             messages = [{"role": "user", "content": prompt}]
@@ -435,7 +435,7 @@ class APIScorer:
         body = {"prompt": prompt + generated, "max_tokens": max_tokens, "temperature": 0}
         if top_n:
             body["logprobs"] = top_n
-        return {**body, **extra}
+        return body
 
     # -- the probe -----------------------------------------------------------------------------
 

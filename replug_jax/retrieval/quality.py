@@ -43,6 +43,9 @@ def exact_neighbours(source: EmbeddingSource, queries_QD: np.ndarray, k: int, *,
         s = np.concatenate([best_s, s], 1)
         r = np.concatenate([best_r, np.broadcast_to(np.arange(lo, lo + len(x)),
                                                     (len(q), len(x)))], 1)
+        if s.shape[1] > k:  # the k best of this block and the running best, then ordered
+            part = np.argpartition(-s, k - 1, axis=1)[:, :k]
+            s, r = np.take_along_axis(s, part, 1), np.take_along_axis(r, part, 1)
         keep = np.argsort(-s, axis=1, kind="stable")[:, :k]
         best_s, best_r = np.take_along_axis(s, keep, 1), np.take_along_axis(r, keep, 1)
     return best_r

@@ -303,9 +303,8 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     step = 0
     for step in range(cfg.steps):
         if step % cfg.refresh_every == 0:
-            _, d_EMD = embed_pool(retriever, state.params, train_pool, train_examples,
-                                  passages_by_id)
-            q_ED = retriever.encode_queries([ex.query for ex in train_examples], state.params)
+            q_ED, d_EMD = embed_pool(retriever, state.params, train_pool, train_examples,
+                                     passages_by_id)
             top_EK = top_k_in_pool(np.einsum("ed,emd->em", q_ED, d_EMD), valid_EM, cfg.k)
         rows = batch_indices(step, cfg.batch_size, len(train_examples), cfg.seed)
         top = top_EK[rows]
