@@ -29,6 +29,7 @@ from experiments.configs.table1_lm import CONFIGS
 from experiments.data import build_pipe, wikitext_setup
 from replug_jax.core.ensemble import mixture_logprobs, perplexity, retrieval_log_weights
 from replug_jax.eval.lm import LMEvaluator
+from replug_jax.eval.stats import bpb_difference, format_interval
 
 DIFFERENCES = (
     "The paper's Figure 4 ensembles up to 100 documents with GPT-2/Codex on the Pile. Here: "
@@ -36,18 +37,16 @@ DIFFERENCES = (
     "Table 1 (see table1_lm/README.md).")
 
 
-def perplexity_by_k(results, ks) -> dict[int, float]:
-    """Corpus perplexity of the ensemble of each window's first ``k`` branches."""
+def logliks_by_k(results, ks) -> dict[int, list[float]]:
+    """Per-window log-likelihood of the ensemble of each window's first ``k`` branches."""
     out = {}
     for k in ks:
-        total, tokens = 0.0, 0
+        out[k] = []
         for r in results:
             kk = min(k, len(r.weights))
             log_w = np.asarray(retrieval_log_weights(np.log(np.asarray(r.weights[:kk]))[None]))
             mix = np.asarray(mixture_logprobs(r.branch_logprobs[None, :kk], log_w))[0]
-            total += float(mix.sum())
-            tokens += len(mix)
-        out[k] = float(perplexity(total, tokens))
+            out[k].append(float(mix.sum()))
     return out
 
 
@@ -61,22 +60,33 @@ def main(argv=None):
         report = LMEvaluator(docs, settings, modes=("none", "replug", "random"), k=max(ks),
                              batch_size=cfg.batch_size, progress=not args.no_progress,
                              keep_results=True).run(pipe)
-    curves = {mode: perplexity_by_k(report["modes"][mode]["results"], ks)
-              for mode in ("replug", "random")}
+    logliks = {mode: logliks_by_k(report["modes"][mode]["results"], ks)
+               for mode in ("replug", "random")}
+    num_tokens = report["modes"]["none"]["num_tokens"]
+    curves = {mode: {k: float(perplexity(sum(v), num_tokens)) for k, v in by_k.items()}
+              for mode, by_k in logliks.items()}
+    num_bytes = [r.num_bytes for r in report["modes"]["none"]["results"]]
+    alone_logliks = [r.loglik for r in report["modes"]["none"]["results"]]
+    versus = {mode: {k: bpb_difference(v, alone_logliks, num_bytes, seed=cfg.seed)
+                     for k, v in by_k.items()} for mode, by_k in logliks.items()}
     alone = report["modes"]["none"]["perplexity"]
-    table = [(k, f"{curves['replug'][k]:.3f}", f"{curves['random'][k]:.3f}", f"{alone:.3f}")
+    table = [(k, f"{curves['replug'][k]:.3f}", f"{curves['random'][k]:.3f}", f"{alone:.3f}",
+              format_interval(versus["replug"][k], 4), format_interval(versus["random"][k], 4))
              for k in ks]
     payload = {"config": dataclasses.asdict(cfg), "seconds": sw.seconds, "ks": ks,
                "perplexity": {m: {str(k): v for k, v in c.items()} for m, c in curves.items()},
                "perplexity_lm_alone": alone, "windows": report["windows"],
+               "bits_per_byte_vs_lm_alone": {m: {str(k): v for k, v in c.items()}
+                                             for m, c in versus.items()},
                "tokens": report["modes"]["none"]["num_tokens"],
                "window_settings": report["settings"], "provenance": provenance()}
     out = write_results(
         "figure4_num_docs", args.config, payload, table,
-        ("k", "perplexity, retrieved", "perplexity, random", "LM alone"),
+        ("k", "perplexity, retrieved", "perplexity, random", "LM alone",
+         "Δ bits/byte retrieved vs LM alone [95 % CI]", "Δ bits/byte random vs LM alone [95 % CI]"),
         notes=(f"{report['windows']} windows from {len(docs)} WikiText-2 test articles, leakage "
                f"filter '{cfg.leakage}'; LM {cfg.lm}, retriever {cfg.retriever}; "
-               f"{sw.seconds:.0f} s."),
+               f"{sw.seconds:.0f} s. Intervals: paired bootstrap over windows."),
         root=args.out, differences=DIFFERENCES)
     fig, ax = new_figure(figsize=(5, 3.2))
     ax.plot(ks, [curves["replug"][k] for k in ks], "o-", label="retrieved (REPLUG)")

@@ -22,8 +22,9 @@ DIFFERENCES_LM = (
     "tokens, y = the next 128; k = 20, batch 64, 25K steps, refresh every 3K). Here "
     "all-MiniLM-L6-v2 is trained from SmolLM2-135M likelihoods on windows of 42 WikiText-2 "
     "articles (the same objective and window sizes), with a corpus of 128-token passages of all "
-    "62 articles plus NQ passages and Python docs and the window-overlap leakage filter, at the "
-    "scale 2 CPU cores allow: k, batch and steps are far smaller.")
+    "62 articles plus NQ passages and Python docs, where an example never retrieves a passage "
+    "of its own article (leakage='document'; the run before 2026-12-01 used the window-overlap "
+    "filter), at the scale 2 CPU cores allow: k, batch and steps are far smaller.")
 
 DIFFERENCES = (
     "The paper trains Contriever from GPT-3 Curie likelihoods on 800K Pile sequences (k = 20, "

@@ -3,7 +3,9 @@ random-document ensemble, + concatenation of the k documents.
 
 Setting: WikiText-2 test articles evaluated with sliding windows (``replug_jax.eval.lm``); the
 retrieval corpus is 128-token passages of WikiText-2 test itself, and the leakage filter
-removes, per window, the passages that overlap the text the window reads. Usage:
+removes every passage of the evaluated article (``leakage="document"``, the default; ``window``
+hides only the passages overlapping the window). Each row's difference from the LM alone comes
+with a paired bootstrap interval over windows. Usage:
 ``python -m experiments.table1_lm [--config tiny] [--set k=5 num_documents=8]``.
 """
 
@@ -24,15 +26,28 @@ from experiments.common import (
 from experiments.configs.table1_lm import CONFIGS
 from experiments.data import build_pipe, wikitext_setup
 from replug_jax.eval.lm import LMEvaluator
+from replug_jax.eval.stats import bpb_difference, format_interval
 
 DIFFERENCES = (
     "The paper evaluates on the Pile with a 367M-document Pile training corpus, Contriever and "
     "GPT-2/GPT-3/OPT/BLOOM, top-10 documents. Here: the first articles of WikiText-2 test, a "
     "retrieval corpus of 128-token passages of WikiText-2 test itself (no disjoint training "
-    "corpus is available offline) with the leakage filter excluding every passage that overlaps "
-    "the window being read, all-MiniLM-L6-v2 as retriever and SmolLM2-135M as LM. The corpus "
-    "therefore holds the other parts of the same articles and other articles, not a web-scale "
-    "corpus, and a few windows per article are evaluated.")
+    "corpus is available offline) with the leakage filter excluding every passage of the article "
+    "being evaluated (leakage='document'), all-MiniLM-L6-v2 as retriever and SmolLM2-135M as LM. "
+    "The corpus therefore holds the other WikiText-2 test articles, not a web-scale corpus, and "
+    "a few windows per article are evaluated.")
+
+
+def per_window(rows: dict, a: str, b: str):
+    """Per-window log-likelihoods of modes ``a`` and ``b`` and the windows' byte counts."""
+    res_a, res_b = rows[a]["results"], rows[b]["results"]
+    return ([r.loglik for r in res_a], [r.loglik for r in res_b], [r.num_bytes for r in res_a])
+
+
+def differences(rows: dict, base: str) -> dict:
+    """Bits per byte of every mode minus ``base``'s, with paired bootstrap intervals."""
+    return {mode: bpb_difference(*per_window(rows, mode, base))
+            for mode in rows if mode != base}
 
 
 def main(argv=None):
@@ -42,7 +57,7 @@ def main(argv=None):
         docs, passages, settings = wikitext_setup(cfg, lm)
         pipe = build_pipe(cfg, cfg.retriever, lm, passages)
         evaluator = LMEvaluator(docs, settings, modes=cfg.modes, batch_size=cfg.batch_size,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, keep_results=True)
         report = evaluator.run(pipe)
         rows = dict(report["modes"])
         if cfg.lsr_retriever:
@@ -50,28 +65,42 @@ def main(argv=None):
             rows["replug_lsr"] = dataclasses.replace(evaluator, modes=("replug",)).run(
                 lsr)["modes"]["replug"]
     base = rows["none"]["bits_per_byte"] if "none" in rows else None
+    versus = differences(rows, "none") if "none" in rows else {}
     table = []
     for mode, r in rows.items():
         change = (f"{100 * (r['bits_per_byte'] - base) / base:+.1f} %"
                   if base is not None else "")
-        table.append((mode, f"{r['bits_per_byte']:.4f}", change, f"{r['perplexity']:.2f}",
-                      r["num_tokens"], r["num_bytes"], int(r["cost"].get("lm_calls", 0))))
+        table.append((mode, f"{r['bits_per_byte']:.4f}", change,
+                      format_interval(versus[mode], 4) if mode in versus else "",
+                      f"{r['perplexity']:.2f}", r["num_tokens"], r["num_bytes"],
+                      int(r["cost"].get("lm_calls", 0))))
+    if "replug_lsr" in rows and "replug" in rows:
+        versus["replug_lsr_vs_replug"] = bpb_difference(*per_window(rows, "replug_lsr", "replug"),
+                                                        seed=cfg.seed)
+    for r in rows.values():
+        r.pop("results")
     payload = {"config": dataclasses.asdict(cfg), "seconds": sw.seconds,
                "windows": report["windows"], "documents": [d.title for d in docs],
                "corpus_passages": len(passages),
                "mean_excluded_passages": report["mean_excluded_passages"],
                "window_settings": report["settings"], "results": rows,
+               "bits_per_byte_vs_lm_alone": versus,
                "provenance": provenance()}
     out = write_results(
         "table1_lm", args.config, payload, table,
-        ("mode", "bits per byte", "vs LM alone", "perplexity", "tokens", "bytes", "LM rows"),
+        ("mode", "bits per byte", "vs LM alone", "Δ bits/byte vs LM alone [95 % CI]",
+         "perplexity", "tokens", "bytes", "LM rows"),
         notes=(f"{report['windows']} windows of {cfg.stride} tokens from {len(docs)} WikiText-2 "
                f"test articles; context {cfg.context_tokens}, query {cfg.query_tokens} tokens, "
                f"first {cfg.skip_first} tokens of each article context only; leakage filter "
                f"'{cfg.leakage}' (mean {report['mean_excluded_passages']:.1f} passages excluded "
                f"per window); corpus {len(passages)} passages of {cfg.passage_tokens} tokens; "
                f"k={cfg.k}, τ={cfg.temperature}; LM {cfg.lm}, retriever {cfg.retriever}; "
-               f"{sw.seconds:.0f} s."),
+               f"{sw.seconds:.0f} s. Intervals: paired bootstrap over windows (10,000 "
+               f"resamples)"
+               + (f"; REPLUG LSR − REPLUG: "
+                  f"{format_interval(versus['replug_lsr_vs_replug'], 4)} bits/byte"
+                  if "replug_lsr_vs_replug" in versus else "") + "."),
         root=args.out, differences=DIFFERENCES)
     fig, ax = new_figure(figsize=(5.5, 3))
     names = list(rows)
