@@ -7,6 +7,15 @@ scores, the LSR loss KL(P_R ‖ Q) against fixed LM scores (γ = β = 0.1), back
 The PyTorch step is ``transformers.BertModel`` + mean pooling + the same loss in ``torch``, on
 the GPU when JAX runs on one.
 
+Before anything runs, the step is compiled and its memory (XLA's buffer assignment: arguments,
+outputs and temporaries) compared with the memory the device has free: a shape that does not
+fit is run with gradient checkpointing, then with the largest batch that fits (named in the
+output), or refused in one line; ``--no-fit`` runs the asked shape as it is.
+
+The retrieval stage of an LSR step with ``index_backend=jax`` is timed too: the B query
+embeddings' exact top-k over a synthetic corpus of ``--corpus-size`` × D vectors in the
+backend's storage dtype, reported as a fraction of retrieval + step.
+
 With ``--loop-data DIR`` (train/dev/corpus JSONL as written by ``experiments/prepare_nq.py``)
 it also runs the training loop for three epochs over the first ``--loop-examples`` questions
 with the background index refresh, and reports the fraction of step time spent waiting on the
@@ -22,7 +31,15 @@ import types
 
 import numpy as np
 
-from benches.common import best_times, matmul_peak_flops, torch_device, torch_synced, write
+from benches.common import (
+    available_memory,
+    best_time,
+    best_times,
+    matmul_peak_flops,
+    torch_device,
+    torch_synced,
+    write,
+)
 from replug_jax.train.config import LSRConfig
 from replug_jax.models.params import split_params
 from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
@@ -81,6 +98,10 @@ def main(argv=None):
                     help="gradient checkpointing in our step and in PyTorch's (batch 64 x k 20 "
                          "x 128 tokens needs ~65 GB of activations without it)")
     ap.add_argument("--quick", action="store_true", help="batch 8, k 4: a smoke run")
+    ap.add_argument("--no-fit", dest="fit", action="store_false",
+                    help="run the asked shape even if its compiled memory exceeds what is free")
+    ap.add_argument("--corpus-size", type=int, default=1_000_000,
+                    help="corpus rows N for the retrieval stage (0: skip it; default 1M)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--loop-data", default=None, help="NQ folder for the 3-epoch loop run")
     ap.add_argument("--loop-examples", type=int, default=32, help="questions per epoch")
@@ -89,6 +110,12 @@ def main(argv=None):
         args.batch, args.k = 8, 4
     peak = matmul_peak_flops()  # first, on an idle runtime, as the other benchmarks do
     b, k, lq, ld = args.batch, args.k, args.query_len, args.doc_len
+    fit = fit_to_memory(b, k, lq, ld, args.retriever, args.remat) if args.fit else None
+    if fit and (fit["batch"], fit["remat"]) != (b, args.remat):
+        print(f"bench_lsr: batch {b} x k {k} needs {fit['asked_gib']:.1f} GiB, "
+              f"{fit['free_gib']:.1f} GiB free: running batch {fit['batch']}"
+              f"{' with gradient checkpointing' if fit['remat'] else ''}", flush=True)
+        b, args.remat = fit["batch"], fit["remat"]
     setup = lsr_setup(b, k, lq, ld, args.retriever, args.remat)
     retriever, cfg, step, batch = setup.retriever, setup.cfg, setup.step, setup.batch
     state = {"s": init_state(setup.params, setup.tx)}
@@ -110,8 +137,17 @@ def main(argv=None):
            "ours_step_s": t_ours,
            "ours_steps_per_s": 1 / t_ours, "model_flops_per_step": flops,
            "fraction_of_matmul_peak": flops / t_ours / peak, "matmul_peak_flops": peak}
+    if fit:
+        out["memory_fit"] = fit
     rows = [("ours (JAX, jitted)", f"{1 / t_ours:.3f}", f"{t_ours:.2f}",
              f"{100 * flops / t_ours / peak:.0f} %")]
+    if args.corpus_size:
+        t_ret = retrieval_seconds(setup, args.corpus_size, k)
+        out.update(retrieval_s=t_ret, corpus_size=args.corpus_size,
+                   retrieval_fraction=t_ret / (t_ret + t_ours))
+        rows.append((f"retrieval: exact top-{k} of {b} queries over {args.corpus_size:,} "
+                     f"rows ({out['retrieval_fraction']:.0%} of retrieval + step)",
+                     f"{1 / t_ret:.3f}", f"{t_ret:.3f}", ""))
     if not args.no_torch:
         t_ref = t["torch"]
         out.update(torch_step_s=t_ref, speedup_vs_torch=t_ref / t_ours, torch_device=device)
@@ -127,6 +163,48 @@ def main(argv=None):
             rows.append((f"loop: LM-score cache hit rate, epoch {e}", f"{100 * rate:.0f} %",
                          "", ""))
     write("lsr_step", out, rows, ("LSR train step", "steps/s", "s/step", "of matmul peak"))
+
+
+def step_memory(b: int, k: int, lq: int, ld: int, retriever: str, remat: bool) -> int:
+    """Bytes the compiled LSR step needs: XLA's arguments + outputs + temporaries."""
+    setup = lsr_setup(b, k, lq, ld, retriever, remat)
+    state = init_state(setup.params, setup.tx)
+    stats = setup.step.lower(state, setup.batch).compile().memory_analysis()
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+
+
+def fit_to_memory(b: int, k: int, lq: int, ld: int, retriever: str, remat: bool,
+                  headroom: float = 0.9) -> dict:
+    """The asked shape if its step fits in ``headroom`` of the free memory; else the same with
+    gradient checkpointing; else the largest power-of-two fraction of the batch that fits.
+    Raises ``SystemExit`` (one line) when batch 1 does not fit."""
+    free = available_memory()
+    asked = None
+    shapes = [(b, remat)] + ([] if remat else [(b, True)])
+    for batch, checkpointing in shapes + [(b >> i, True) for i in range(1, b.bit_length())]:
+        need = step_memory(batch, k, lq, ld, retriever, checkpointing)
+        asked = need if asked is None else asked
+        if need <= headroom * free:
+            return {"batch": batch, "remat": checkpointing, "bytes": need, "asked_bytes": asked,
+                    "asked_gib": asked / 2**30, "free_gib": free / 2**30}
+    raise SystemExit(f"bench_lsr: error: the LSR step needs {asked / 2**30:.1f} GiB at batch "
+                     f"{b} x k {k} and more than {headroom * free / 2**30:.1f} GiB even at "
+                     "batch 1 with gradient checkpointing; use a smaller --k or --doc-len")
+
+
+def retrieval_seconds(setup, n: int, k: int) -> float:
+    """Seconds of the exact top-``k`` of the batch's query embeddings over ``n`` synthetic
+    corpus rows (the retriever's dimension, the backend's storage dtype)."""
+    import jax
+    import jax.numpy as jnp
+
+    from replug_jax.retrieval.index import exact_topk, storage_dtype
+
+    b, d = setup.batch["query_ids"].shape[0], setup.retriever.dim
+    q_BD = np.random.default_rng(1).normal(size=(b, d)).astype(np.float32)
+    corpus = jax.random.normal(jax.random.key(0), (n, d), jnp.dtype(storage_dtype()))
+    return best_time(lambda: jax.block_until_ready(exact_topk(q_BD, corpus, k)), repeats=3)
 
 
 def loop_run(folder: str, n: int) -> dict:

@@ -1,12 +1,18 @@
-"""Training-time retrieval in JAX: exact top-k over a corpus sharded along N on 8 devices
-against the same corpus on 1 device, at several N, same ids checked.
+"""Training-time retrieval in JAX: exact top-k (:func:`~replug_jax.retrieval.index.exact_topk`,
+two-stage per block) against FAISS ``IndexFlatIP`` on the same vectors in the same run, as a
+fraction of the machine's measured matmul peak, with the ids compared.
 
-On a CPU the 8 devices are simulated on the same cores (``XLA_FLAGS`` is set here before JAX
-loads), so the ratio shows the cost of the shard_map / all_gather / merge structure rather
-than a speed-up; on 8 real accelerators each device scans N/8 rows.
+Host mode (default): for each N, FAISS exact search, then JAX in the backend's storage dtype
+(float32 on CPU) and in the other dtype, then the same search sharded over 8 devices (simulated
+on a CPU: the cost of the shard_map / all_gather / merge structure, not a speed-up). Every row
+reports queries/s, the share of the matmul peak (2·B·N·D FLOPs per search) and the fraction of
+result ids equal to FAISS's (as sets per query: ties may order differently).
 
-Usage: ``python -m benches.bench_sharded_topk [--sizes 250000 1000000 2000000]``.
-Writes ``benches/results/sharded_topk.{json,md}``.
+Device mode (``--device-resident N``): a corpus generated on the accelerators (no host copy),
+queries/s and GB/s scanned at each batch, against the device's measured copy bandwidth.
+
+Usage: ``python -m benches.bench_sharded_topk [--sizes 1000000 4000000] [--batches 64]``.
+Writes ``benches/results/sharded_topk.{json,md}`` (device mode: ``sharded_topk_device``).
 """
 
 from __future__ import annotations
@@ -16,70 +22,104 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse  # noqa: E402
-import time  # noqa: E402
+import gc  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benches.common import write  # noqa: E402
+from benches.common import best_time, matmul_peak_flops, write  # noqa: E402
 from benches.synthetic import Generator  # noqa: E402
-from replug_jax.retrieval.index import shard_corpus, sharded_topk  # noqa: E402
+from replug_jax.retrieval.index import (  # noqa: E402
+    exact_topk,
+    shard_corpus,
+    sharded_topk,
+    storage_dtype,
+)
 from replug_jax.sharding import make_mesh  # noqa: E402
 
 
 def timed(fn, repeats: int = 3) -> float:
-    jax.block_until_ready(fn())  # compile
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
-    return best
+    """Best wall time of ``fn`` after one compiling call."""
+    return best_time(lambda: jax.block_until_ready(fn()), repeats=repeats)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[250_000, 1_000_000, 2_000_000],
-                    help="corpus sizes N (384-d, bfloat16)")
-    ap.add_argument("--queries", type=int, default=64, help="queries per search (default 64)")
-    ap.add_argument("--k", type=int, default=20, help="k (default 20)")
-    ap.add_argument("--device-resident", type=int, default=0, metavar="N",
-                    help="instead: one corpus of N x --dim bf16 rows generated on the devices "
-                    "(accelerators: the largest N that fits), queries/s over all devices")
-    ap.add_argument("--dim", type=int, default=768, help="dimension for --device-resident")
-    args = ap.parse_args(argv)
-    if args.device_resident:
-        return device_resident(args)
-    if len(jax.devices()) < 8:
-        raise SystemExit("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+def same_ids(a_BK, b_BK) -> float:
+    """Fraction of result ids two searches share, per query as sets."""
+    return float(np.mean([len(set(x) & set(y)) / len(x)
+                          for x, y in zip(np.asarray(a_BK).tolist(), np.asarray(b_BK).tolist())]))
+
+
+def faiss_search(corpus_ND, queries_BD, k: int):
+    """FAISS ``IndexFlatIP`` (exact, BLAS) on the same vectors: (seconds, ids)."""
+    import faiss
+
+    index = faiss.IndexFlatIP(corpus_ND.shape[1])
+    index.add(corpus_ND)
+    seconds = timed(lambda: index.search(queries_BD, k))
+    ids = index.search(queries_BD, k)[1]
+    index.reset()
+    return seconds, ids
+
+
+def host(args) -> None:
     gen = Generator()
-    queries = gen.queries(args.queries)
+    peak = matmul_peak_flops()
+    fast, other = storage_dtype(), {"float32": "bfloat16", "bfloat16": "float32"}[storage_dtype()]
     rows, results = [], []
     for n in args.sizes:
         corpus = gen.vectors(0, n)
-        out = {"n": n}
-        ids = {}
-        for devices in (1, 8):
-            mesh = make_mesh(devices)
-            array, _ = shard_corpus(corpus, mesh, dtype=jnp.bfloat16)
+        for batch in args.batches:
+            queries = gen.queries(batch)
+            flops = 2 * batch * n * corpus.shape[1]
+            f_seconds, f_ids = faiss_search(corpus, queries, args.k)
+            entry = {"n": n, "batch": batch, "k": args.k, "faiss_qps": batch / f_seconds,
+                     "faiss_peak_fraction": flops / f_seconds / peak, "jax": {}}
+            for dtype in (fast, other):
+                c = jnp.asarray(corpus, dtype)
+                seconds = timed(lambda c=c: exact_topk(queries, c, args.k))
+                ids = exact_topk(queries, c, args.k)[1]
+                entry["jax"][dtype] = {"qps": batch / seconds,
+                                       "peak_fraction": flops / seconds / peak,
+                                       "vs_faiss": f_seconds / seconds,
+                                       "same_ids_as_faiss": same_ids(ids, f_ids)}
+                del c
+                gc.collect()
+            if args.sharded and len(jax.devices()) >= 8:
+                mesh = make_mesh(8)
+                array, _ = shard_corpus(corpus, mesh)
+                seconds = timed(lambda: sharded_topk(queries, array, args.k, n, mesh))
+                entry["sharded_8"] = {"qps": batch / seconds, "vs_faiss": f_seconds / seconds,
+                                      "same_ids_as_faiss": same_ids(
+                                          sharded_topk(queries, array, args.k, n, mesh)[1],
+                                          f_ids)}
+                del array
+            results.append(entry)
+            print(entry, flush=True)
+            for dtype, r in entry["jax"].items():
+                rows.append((f"{n:,}", batch, f"JAX exact, {dtype}" + (" (default)"
+                                                                      if dtype == fast else ""),
+                             f"{r['qps']:.0f}", f"{r['peak_fraction']:.0%}",
+                             f"{r['vs_faiss']:.2f}x", f"{r['same_ids_as_faiss']:.4f}"))
+            rows.append((f"{n:,}", batch, "FAISS IndexFlatIP", f"{entry['faiss_qps']:.0f}",
+                         f"{entry['faiss_peak_fraction']:.0%}", "1.00x", "1.0000"))
+            if "sharded_8" in entry:
+                r = entry["sharded_8"]
+                rows.append((f"{n:,}", batch, "JAX exact, 8 simulated devices",
+                             f"{r['qps']:.0f}", "", f"{r['vs_faiss']:.2f}x",
+                             f"{r['same_ids_as_faiss']:.4f}"))
+        del corpus
+        gc.collect()
+    write("sharded_topk", {"k": args.k, "dim": 384, "matmul_peak_flops": peak,
+                           "storage_dtype": fast, "results": results}, rows,
+          ("N (384-d)", "batch", "search", "queries/s", "of matmul peak", "vs FAISS",
+           "same ids as FAISS"))
 
-            def search(array=array, mesh=mesh):
-                return sharded_topk(queries, array, args.k, n, mesh)
 
-            seconds = timed(search)
-            ids[devices] = np.asarray(search()[1])
-            out[f"qps_{devices}"] = args.queries / seconds
-        out["same_ids"] = float((ids[1] == ids[8]).mean())
-        out["ratio_8_over_1"] = out["qps_8"] / out["qps_1"]
-        results.append(out)
-        rows.append((f"{n:,}", f"{out['qps_1']:.0f}", f"{out['qps_8']:.0f}",
-                     f"{out['ratio_8_over_1']:.2f}x", f"{out['same_ids']:.4f}"))
-        print(out, flush=True)
-    write("sharded_topk", {"queries": args.queries, "k": args.k, "dim": 384,
-                           "dtype": "bfloat16", "results": results}, rows,
-          ("N (384-d bf16)", "queries/s, 1 device", "queries/s, 8 devices", "8 / 1",
-           "same ids"))
+def copy_bandwidth(x) -> float:
+    """Bytes per second of a jitted elementwise pass over ``x`` (read + write)."""
+    f = jax.jit(lambda a: a * 2)
+    return 2 * x.size * x.dtype.itemsize / timed(lambda: f(x))
 
 
 def device_resident(args) -> None:
@@ -97,16 +137,46 @@ def device_resident(args) -> None:
             sharding)
 
     corpus = make(jax.random.key(0))
-    queries = np.asarray(jax.random.normal(jax.random.key(1), (args.queries, args.dim)))
-    seconds = timed(lambda: sharded_topk(queries, corpus, args.k, n, mesh))
-    scanned = n * args.dim * 2 / seconds  # bytes of corpus read per second
-    out = {"n": n, "dim": args.dim, "devices": d, "qps": args.queries / seconds,
-           "seconds_per_search": seconds, "corpus_gib": n * args.dim * 2 / 2**30,
-           "corpus_bytes_per_s": scanned}
-    write("sharded_topk_device", out,
-          [(f"{n:,} x {args.dim} bf16 ({out['corpus_gib']:.1f} GiB) on {d} device(s)",
-            f"{out['qps']:.0f} queries/s", f"{scanned / 2**30:.0f} GiB/s scanned")],
-          ("corpus", f"batch {args.queries}, k {args.k}", "bandwidth"))
+    bandwidth = copy_bandwidth(corpus) / d  # per device
+    corpus_bytes = n * args.dim * 2
+    rows, results = [], []
+    for batch in args.batches:
+        queries = np.asarray(jax.random.normal(jax.random.key(1), (batch, args.dim)))
+        seconds = timed(lambda: sharded_topk(queries, corpus, args.k, n, mesh))
+        scanned = corpus_bytes / seconds / d  # bytes of corpus read per second per device
+        out = {"n": n, "dim": args.dim, "devices": d, "batch": batch, "k": args.k,
+               "qps": batch / seconds, "seconds_per_search": seconds,
+               "corpus_gib": corpus_bytes / 2**30, "bytes_per_s_per_device": scanned,
+               "copy_bandwidth_per_device": bandwidth,
+               "bandwidth_fraction": scanned / bandwidth}
+        results.append(out)
+        print(out, flush=True)
+        rows.append((f"{n:,} x {args.dim} bf16 ({out['corpus_gib']:.1f} GiB) on {d} device(s)",
+                     batch, f"{out['qps']:.0f}", f"{scanned / 2**30:.0f} GiB/s",
+                     f"{out['bandwidth_fraction']:.0%}"))
+    write("sharded_topk_device", {"results": results}, rows,
+          ("corpus", "batch", "queries/s", "scanned per device", "of copy bandwidth"))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000],
+                    help="corpus sizes N of 384-d vectors (default 1M and 4M)")
+    ap.add_argument("--batches", type=int, nargs="+", default=None,
+                    help="queries per search (default 64 on the host; 64 and 1024 on devices)")
+    ap.add_argument("--k", type=int, default=20, help="k (default 20, the paper's)")
+    ap.add_argument("--no-sharded", dest="sharded", action="store_false",
+                    help="skip the 8-simulated-device rows")
+    ap.add_argument("--device-resident", type=int, default=0, metavar="N",
+                    help="instead: one corpus of N x --dim bf16 rows generated on the devices "
+                    "(accelerators: e.g. 20000000), queries/s and GB/s scanned")
+    ap.add_argument("--dim", type=int, default=768, help="dimension for --device-resident")
+    args = ap.parse_args(argv)
+    if args.device_resident:
+        args.batches = args.batches or [64, 1024]
+        return device_resident(args)
+    args.batches = args.batches or [64]
+    host(args)
 
 
 if __name__ == "__main__":

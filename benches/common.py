@@ -92,6 +92,21 @@ def torch_causal_lm(source: str, dtype: str, device: str):
     return AutoModelForCausalLM.from_pretrained(str(path), **kwargs).to(device).eval()
 
 
+def available_memory(device=None) -> int:
+    """Bytes a computation on ``device`` (default: JAX's first) can still allocate: the
+    accelerator's limit minus what is in use, or the host's available memory on a CPU."""
+    stats = (device or jax.devices()[0]).memory_stats()
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def machine() -> dict:
     dev = jax.devices()[0]
     return {"platform": dev.platform, "device": getattr(dev, "device_kind", str(dev)),

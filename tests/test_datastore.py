@@ -6,6 +6,7 @@ import os
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from replug_jax.retrieval.corpus import CorpusError, Passage, iter_chunks, iter_documents
 from replug_jax.retrieval.index import (
+    DeviceIndex,
     EmbeddingSource,
     Index,
     IndexLoadError,
@@ -459,11 +461,11 @@ def test_sharded_topk_never_returns_padding_rows_with_negative_scores():
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(n=st.integers(1, 90), devices=st.sampled_from([1, 2, 4, 8]), block=st.integers(1, 20),
        k=st.integers(1, 12), sign=st.sampled_from(["negative", "positive", "mixed"]),
-       seed=st.integers(0, 2**16))
-def test_sharded_topk_equals_exact_topk_property(n, devices, block, k, sign, seed):
-    """Over random corpus sizes, device counts, blocks, k and score signs (all-negative
-    included), the sharded top-k equals exact top-k (NumPy, float64; continuous random
-    scores, so no ties)."""
+       bin_rows=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_sharded_topk_equals_exact_topk_property(n, devices, block, k, sign, bin_rows, seed):
+    """Over random corpus sizes, device counts, blocks, bins of the two-stage top-k, k and
+    score signs (all-negative included), the sharded top-k equals exact top-k (NumPy, float64;
+    continuous random scores, so no ties)."""
     if len(jax.devices()) < devices:
         pytest.skip(f"needs {devices} devices")
     from replug_jax.sharding import make_mesh
@@ -477,7 +479,7 @@ def test_sharded_topk_equals_exact_topk_property(n, devices, block, k, sign, see
             corpus = -corpus
     mesh = make_mesh(devices)
     array, n_valid = shard_corpus(corpus, mesh, dtype=np.float32)
-    scores, rows = sharded_topk(queries, array, k, n_valid, mesh, block=block)
+    scores, rows = sharded_topk(queries, array, k, n_valid, mesh, block=block, bin_rows=bin_rows)
     want_scores, want_rows = _numpy_topk(queries, corpus, min(k, n))
     np.testing.assert_array_equal(np.asarray(rows), want_rows)
     np.testing.assert_allclose(np.asarray(scores), want_scores, rtol=1e-5, atol=1e-6)
@@ -541,3 +543,35 @@ def test_search_results_carry_the_source_document_and_span(tmp_path):
     src = source_of(p)
     doc = docs[int(src["source_id"])]
     assert doc.text[src["start"]:src["end"]] == p.text and src["id"] == 4
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(bins=st.integers(1, 40), bin_rows=st.integers(1, 9), k=st.integers(1, 15),
+       ties=st.booleans(), seed=st.integers(0, 2**16))
+def test_two_stage_topk_equals_exact_topk(bins, bin_rows, k, ties, seed):
+    """Per-bin maxima → top-k bins → top-k of their members gives the exact top-k values
+    (with heavy ties too: integer scores), and the columns hold those values."""
+    from replug_jax.retrieval.index import two_stage_topk
+
+    rng = np.random.default_rng(seed)
+    n = bins * bin_rows
+    k = min(k, n)
+    s = (rng.integers(-3, 4, size=(4, n)) if ties else rng.normal(size=(4, n))).astype(
+        np.float32)
+    vals, cols = two_stage_topk(jnp.asarray(s), k, bin_rows)
+    want = -np.sort(-s, axis=1)[:, :k]
+    np.testing.assert_array_equal(np.asarray(vals), want)
+    np.testing.assert_array_equal(np.take_along_axis(s, np.asarray(cols), 1), want)
+    assert all(len(set(row)) == k for row in np.asarray(cols).tolist())
+
+
+def test_storage_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators():
+    from replug_jax.retrieval.index import storage_dtype
+
+    assert storage_dtype("cpu") == "float32"
+    assert storage_dtype("gpu") == storage_dtype("tpu") == "bfloat16"
+    from replug_jax.sharding import make_mesh
+
+    index = DeviceIndex(np.eye(3, dtype=np.float32), [Passage(i, str(i)) for i in range(3)],
+                        make_mesh(1))
+    assert index.manifest["factory"] == f"jax-exact-{storage_dtype()}"

@@ -25,10 +25,12 @@ from replug_jax.retrieval.jax_search import (
     exact_topk,
     shard_corpus,
     sharded_topk,
+    storage_dtype,
+    two_stage_topk,
 )
 from replug_jax.retrieval.search import SearchResult, per_query_exclusions
 
 __all__ = ["build_index", "index_in_memory", "corpus_text", "EmbeddingSource", "NpyRows",
            "embed_store", "INDEX_VERSION", "STORE", "Index", "build_faiss", "IndexLoadError",
            "DeviceIndex", "corpus_rows", "exact_topk", "shard_corpus", "sharded_topk",
-           "SearchResult", "per_query_exclusions"]
+           "storage_dtype", "two_stage_topk", "SearchResult", "per_query_exclusions"]

@@ -21,14 +21,57 @@ from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import host_copy, replicate
 
 
-def _blocked_topk(q_BD, c_ND, k: int, block: int, n_valid, offset):
-    """Top-k of ``q_BD @ c_ND.T`` scanning ``c_ND`` in blocks (memory ``O(B·block)``); rows
-    at or past ``n_valid`` (a traced bound: the corpus's padding rows) are ignored and
-    ``offset`` is added to the returned row numbers. The blocks' own padding (``c_ND`` cut
-    into whole blocks) is never visible, whatever ``n_valid`` says: on a device that is not
-    the last, ``n_valid`` exceeds its own row count."""
+SCORES_BYTES = 1 << 29  # float32 scores one block may hold: 512 MiB (the block's memory)
+BIN_ROWS = 128  # rows per bin of the two-stage top-k
+
+
+def storage_dtype(backend: str | None = None) -> str:
+    """The corpus dtype the exact search is fastest with on ``backend`` (default: JAX's):
+    float32 on CPU, where XLA's bfloat16 matmul converts and runs at about half the float32
+    speed (``benches/results/sharded_topk.md``); bfloat16 on accelerators, which read half the
+    bytes and multiply bfloat16 natively."""
+    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+
+
+def block_rows(num_queries: int, n: int, scores_bytes: int = SCORES_BYTES) -> int:
+    """Corpus rows per block so that a block's ``[B, block]`` float32 scores fit in
+    ``scores_bytes`` (a multiple of :data:`BIN_ROWS`, at most ``n``)."""
+    rows = max(BIN_ROWS, scores_bytes // (4 * max(num_queries, 1)) // BIN_ROWS * BIN_ROWS)
+    return min(rows, n)
+
+
+def two_stage_topk(s_BN, k: int, bin_rows: int = BIN_ROWS):
+    """Exact top-``k`` of each row of ``s_BN`` in two stages: the maxima of bins of
+    ``bin_rows`` columns, the top-``k`` bins by their maximum, then the top-``k`` of those
+    bins' ``k · bin_rows`` columns. Exact: a member of the true top-k has a score ≥ the k-th
+    score, so its bin's maximum is ≥ it, and fewer than k bins hold a larger maximum (each
+    holds a distinct larger member). Cheaper than one ``lax.top_k`` over N, which sorts whole
+    rows on GPU when k > 16. ``N`` must be a multiple of ``bin_rows``. Returns
+    ``(values [B, k], columns [B, k])``."""
+    b, n = s_BN.shape
+    n_bins = n // bin_rows
+    if n_bins <= k:  # the candidates would be every column
+        return jax.lax.top_k(s_BN, k)
+    s_BGR = s_BN.reshape(b, n_bins, bin_rows)
+    _, bins_Bk = jax.lax.top_k(s_BGR.max(axis=-1), k)
+    cand_BC = jnp.take_along_axis(s_BGR, bins_Bk[:, :, None], axis=1).reshape(b, -1)
+    vals, pos = jax.lax.top_k(cand_BC, k)
+    cols = jnp.take_along_axis(bins_Bk, pos // bin_rows, axis=1) * bin_rows + pos % bin_rows
+    return vals, cols
+
+
+def _blocked_topk(q_BD, c_ND, k: int, block: int | None, n_valid, offset,
+                  bin_rows: int = BIN_ROWS):
+    """Top-k of ``q_BD @ c_ND.T`` scanning ``c_ND`` in blocks of ``block`` rows (default
+    :func:`block_rows`: memory ``O(B·block)``), each block's top-k by
+    :func:`two_stage_topk`; rows at or past ``n_valid`` (a traced bound: the corpus's padding
+    rows) are ignored and ``offset`` is added to the returned row numbers. The blocks' own
+    padding (``c_ND`` cut into whole blocks) is never visible, whatever ``n_valid`` says: on a
+    device that is not the last, ``n_valid`` exceeds its own row count."""
     n = c_ND.shape[0]
-    block = min(block, n)
+    block = min(block or block_rows(q_BD.shape[0], n), n)
+    bin_rows = min(bin_rows, block)
+    block = -(-block // bin_rows) * bin_rows
     n_blocks = -(-n // block)
     c_blocks = jnp.pad(c_ND, ((0, n_blocks * block - n), (0, 0))).reshape(n_blocks, block, -1)
     starts = jnp.arange(n_blocks) * block
@@ -39,22 +82,35 @@ def _blocked_topk(q_BD, c_ND, k: int, block: int, n_valid, offset):
         cb, start = args
         s = jnp.dot(q_BD.astype(cb.dtype), cb.T, preferred_element_type=jnp.float32)
         s = jnp.where(start + jnp.arange(block)[None, :] < limit, s, -jnp.inf)
-        vals, idx = jax.lax.top_k(s, kb)
+        vals, idx = two_stage_topk(s, kb, bin_rows)
         return vals, idx + start + offset
 
+    if n_blocks == 1:  # no scan: one matmul, sorted top-kb already
+        return one_block((c_blocks[0], starts[0]))
     vals, idx = jax.lax.map(one_block, (c_blocks, starts))  # [nb, B, kb]
     vals = jnp.moveaxis(vals, 0, 1).reshape(q_BD.shape[0], -1)
     idx = jnp.moveaxis(idx, 0, 1).reshape(q_BD.shape[0], -1)
-    top, pos = jax.lax.top_k(vals, min(k, vals.shape[1]))
-    return top, jnp.take_along_axis(idx, pos, axis=1)
+    return _merge(vals, idx, k)
 
 
-def exact_topk(queries_BD, corpus_ND, k: int, block: int = 65536):
+def _merge(vals_BC, idx_BC, k: int):
+    """The top-k of candidate scores and their row numbers."""
+    top, pos = jax.lax.top_k(vals_BC, min(k, vals_BC.shape[1]))
+    return top, jnp.take_along_axis(idx_BC, pos, axis=1)
+
+
+def exact_topk(queries_BD, corpus_ND, k: int, block: int | None = None,
+               bin_rows: int = BIN_ROWS):
     """Exact maximum-inner-product top-k in JAX on one device: the oracle FAISS is tested
     against. Returns ``(scores [B, k], rows [B, k])``."""
     q = jnp.asarray(queries_BD, jnp.float32)
     c = jnp.asarray(corpus_ND)
-    return _blocked_topk(q, c, min(k, c.shape[0]), block, c.shape[0], 0)
+    return _exact_topk_fn(min(k, c.shape[0]), block, bin_rows)(q, c)
+
+
+@functools.lru_cache(maxsize=64)
+def _exact_topk_fn(k: int, block: int | None, bin_rows: int):
+    return jax.jit(lambda q, c: _blocked_topk(q, c, k, block, c.shape[0], 0, bin_rows))
 
 
 def corpus_rows(n: int, mesh: jax.sharding.Mesh, axis: str = "data") -> slice:
@@ -67,9 +123,10 @@ def corpus_rows(n: int, mesh: jax.sharding.Mesh, axis: str = "data") -> slice:
 
 
 def shard_corpus(corpus_ND, mesh: jax.sharding.Mesh, *, axis: str = "data",
-                 dtype=jnp.bfloat16, n: int | None = None):
+                 dtype=None, n: int | None = None):
     """Place a corpus on ``mesh`` split along N (padded to a multiple of the device count with
-    rows that never win), in ``dtype``. ``corpus_ND`` is the whole corpus (each process takes
+    rows that never win), in ``dtype`` (default :func:`storage_dtype` of the mesh's
+    platform). ``corpus_ND`` is the whole corpus (each process takes
     its rows), or, with ``n`` given, only this process's rows :func:`corpus_rows` ``(n)``, so
     that no host ever holds all of it. Returns ``(array [N_pad, D], n)``."""
     full = n is None
@@ -86,38 +143,41 @@ def shard_corpus(corpus_ND, mesh: jax.sharding.Mesh, *, axis: str = "data",
         local = np.concatenate([local, np.zeros((per_process - len(local), local.shape[1]),
                                                 local.dtype)])
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
+    dtype = dtype or storage_dtype(mesh.devices.flat[0].platform)
     array = jax.make_array_from_process_local_data(sharding, np.asarray(local, dtype),
                                                    (n_pad, local.shape[1]))
     return array, n
 
 
 def sharded_topk(queries_BD, corpus_ND: jax.Array, k: int, n_valid: int,
-                 mesh: jax.sharding.Mesh, *, axis: str = "data", block: int = 65536):
+                 mesh: jax.sharding.Mesh, *, axis: str = "data", block: int | None = None,
+                 bin_rows: int = BIN_ROWS):
     """Exact top-k over a corpus sharded along N on ``mesh`` (from :func:`shard_corpus`).
 
-    Each device takes the top-k of its own rows (``lax.top_k`` over blocks), the per-device
+    Each device takes the top-k of its own rows (:func:`two_stage_topk` over blocks of
+    ``block`` rows, default :func:`block_rows`; bins of ``bin_rows``), the per-device
     candidates are gathered (``all_gather``, k·d per query) and merged: the same top-k as one
     device over the whole corpus (what Atlas does with PyTorch, here one jitted function).
     Returns ``(scores [B, k] f32, rows [B, k] int32)``, replicated.
     """
     fn = _sharded_topk_fn(mesh, axis, min(k, n_valid), n_valid,
-                          corpus_ND.shape[0] // mesh.shape[axis], block)
+                          corpus_ND.shape[0] // mesh.shape[axis], block, bin_rows)
     return fn(replicate(np.asarray(queries_BD, np.float32), mesh), corpus_ND)
 
 
 @functools.lru_cache(maxsize=64)
-def _sharded_topk_fn(mesh, axis: str, k: int, n_valid: int, rows_per_device: int, block: int):
+def _sharded_topk_fn(mesh, axis: str, k: int, n_valid: int, rows_per_device: int,
+                     block: int | None, bin_rows: int):
     """The jitted shard_map of :func:`sharded_topk` (cached: one compilation per shape)."""
     P = jax.sharding.PartitionSpec
 
     def local(q, c):
         offset = jax.lax.axis_index(axis) * rows_per_device
         vals, idx = _blocked_topk(q, c, min(k, rows_per_device), block, n_valid - offset,
-                                  offset)
+                                  offset, bin_rows)
         vals = jax.lax.all_gather(vals, axis, axis=1, tiled=True)
         idx = jax.lax.all_gather(idx, axis, axis=1, tiled=True)
-        top, pos = jax.lax.top_k(vals, k)
-        return top, jnp.take_along_axis(idx, pos, axis=1)
+        return _merge(vals, idx, k)
 
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis)),
                                  out_specs=(P(), P()), check_vma=False))
@@ -125,13 +185,14 @@ def _sharded_topk_fn(mesh, axis: str, k: int, n_valid: int, rows_per_device: int
 
 class DeviceIndex:
     """Training-time retrieval in JAX: the corpus embeddings as one array sharded along N over
-    a mesh (bf16 by default), searched exactly with :func:`sharded_topk`. The same
+    a mesh (in :func:`storage_dtype` by default: float32 on CPU, bfloat16 on accelerators;
+    recorded as the manifest's ``factory``), searched exactly with :func:`sharded_topk`. The same
     ``search`` contract as :class:`Index`, and no FAISS rebuild: a refresh re-embeds and
-    swaps the array in. Scores are exact inner products of the stored (possibly bf16)
+    swaps the array in. Scores are exact inner products of the stored (possibly bfloat16)
     vectors, accumulated in float32."""
 
     def __init__(self, embeddings_ND, passages: Sequence[Passage] | PassageStore,
-                 mesh: jax.sharding.Mesh, *, dtype=jnp.bfloat16, axis: str = "data",
+                 mesh: jax.sharding.Mesh, *, dtype=None, axis: str = "data",
                  encoder: dict | None = None, local: bool = False):
         emb = np.asarray(embeddings_ND)
         self.store = passages if isinstance(passages, PassageStore) else \
@@ -141,7 +202,8 @@ class DeviceIndex:
         self.mesh, self.axis = mesh, axis
         self.array, self.n = shard_corpus(emb, mesh, axis=axis, dtype=dtype,
                                           n=len(self.store) if local else None)
-        self.manifest = {"factory": f"jax-exact-{jnp.dtype(dtype).name}", "dim": emb.shape[1],
+        self.manifest = {"factory": f"jax-exact-{jnp.dtype(self.array.dtype).name}",
+                         "dim": emb.shape[1],
                          "n": self.n, "encoder": encoder or {},
                          "corpus_checksum": self.store.checksum}
 

@@ -67,7 +67,8 @@ class LSRConfig:
     # the corpus embeddings held as an index_dtype array sharded along N over the mesh (no
     # FAISS rebuild; every device searches its rows, replicas merge the top-k)
     index_backend: Literal["faiss", "jax"] = "faiss"
-    index_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    # "auto": float32 on CPU (faster there), bfloat16 on accelerators (retrieval.storage_dtype)
+    index_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     # bookkeeping
     seed: int = 0
     checkpoint_every: int = 500
@@ -107,7 +108,7 @@ class LSRConfig:
                                  ("optimizer", ("adam", "adamw")),
                                  ("refresh_mode", ("background", "sync")),
                                  ("index_backend", ("faiss", "jax")),
-                                 ("index_dtype", ("bfloat16", "float32"))):
+                                 ("index_dtype", ("auto", "bfloat16", "float32"))):
             checks.append((getattr(self, literal) in allowed,
                            f"{literal} must be one of {allowed}, got {getattr(self, literal)!r}"))
         for ok, message in checks:

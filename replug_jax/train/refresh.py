@@ -111,7 +111,8 @@ class IndexRefresher:
                     [corpus_text(p) for p in self.passages[rows]], emb_path, params=params,
                     progress=False)
             return DeviceIndex(np.load(emb_path), self.store, self.mesh, local=True,
-                               dtype=jnp.dtype(self.cfg.index_dtype), encoder=encoder)
+                               dtype=None if self.cfg.index_dtype == "auto" else
+                               jnp.dtype(self.cfg.index_dtype), encoder=encoder)
         try:
             return Index.load(out)
         except ValueError:
