@@ -74,17 +74,20 @@ def main(argv=None):
                       format_interval(versus[mode], 4) if mode in versus else "",
                       f"{r['perplexity']:.2f}", r["num_tokens"], r["num_bytes"],
                       int(r["cost"].get("lm_calls", 0))))
-    if "replug_lsr" in rows and "replug" in rows:
-        versus["replug_lsr_vs_replug"] = bpb_difference(*per_window(rows, "replug_lsr", "replug"),
-                                                        seed=cfg.seed)
-    for r in rows.values():
-        r.pop("results")
+    pairs = {"replug_vs_random": ("replug", "random"),
+             "replug_lsr_vs_replug": ("replug_lsr", "replug")}
+    for name, (a, b) in pairs.items():
+        if a in rows and b in rows:
+            versus[name] = bpb_difference(*per_window(rows, a, b), seed=cfg.seed)
+    window_bytes = [r.num_bytes for r in next(iter(rows.values()))["results"]]
+    per_window_logliks = {mode: [r.loglik for r in rows[mode].pop("results")] for mode in rows}
     payload = {"config": dataclasses.asdict(cfg), "seconds": sw.seconds,
                "windows": report["windows"], "documents": [d.title for d in docs],
                "corpus_passages": len(passages),
                "mean_excluded_passages": report["mean_excluded_passages"],
                "window_settings": report["settings"], "results": rows,
-               "bits_per_byte_vs_lm_alone": versus,
+               "bits_per_byte_vs_lm_alone": versus, "per_window_loglik": per_window_logliks,
+               "per_window_bytes": window_bytes,
                "provenance": provenance()}
     out = write_results(
         "table1_lm", args.config, payload, table,
@@ -98,9 +101,10 @@ def main(argv=None):
                f"k={cfg.k}, τ={cfg.temperature}; LM {cfg.lm}, retriever {cfg.retriever}; "
                f"{sw.seconds:.0f} s. Intervals: paired bootstrap over windows (10,000 "
                f"resamples)"
-               + (f"; REPLUG LSR − REPLUG: "
-                  f"{format_interval(versus['replug_lsr_vs_replug'], 4)} bits/byte"
-                  if "replug_lsr_vs_replug" in versus else "") + "."),
+               + "".join(f"; {label}: {format_interval(versus[name], 4)} bits/byte"
+                         for name, label in (("replug_vs_random", "REPLUG − random documents"),
+                                             ("replug_lsr_vs_replug", "REPLUG LSR − REPLUG"))
+                         if name in versus) + "."),
         root=args.out, differences=DIFFERENCES)
     fig, ax = new_figure(figsize=(5.5, 3))
     names = list(rows)
