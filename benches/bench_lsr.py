@@ -110,10 +110,12 @@ def main(argv=None):
         args.batch, args.k = 8, 4
     peak = matmul_peak_flops()  # first, on an idle runtime, as the other benchmarks do
     b, k, lq, ld = args.batch, args.k, args.query_len, args.doc_len
-    fit = fit_to_memory(b, k, lq, ld, args.retriever, args.remat) if args.fit else None
+    # the PyTorch reference runs the same step beside ours: half the memory each
+    fit = fit_to_memory(b, k, lq, ld, args.retriever, args.remat,
+                        share=1 if args.no_torch else 2) if args.fit else None
     if fit and (fit["batch"], fit["remat"]) != (b, args.remat):
         print(f"bench_lsr: batch {b} x k {k} needs {fit['asked_gib']:.1f} GiB, "
-              f"{fit['free_gib']:.1f} GiB free: running batch {fit['batch']}"
+              f"{fit['free_gib']:.1f} GiB free for it: running batch {fit['batch']}"
               f"{' with gradient checkpointing' if fit['remat'] else ''}", flush=True)
         b, args.remat = fit["batch"], fit["remat"]
     setup = lsr_setup(b, k, lq, ld, args.retriever, args.remat)
@@ -175,11 +177,12 @@ def step_memory(b: int, k: int, lq: int, ld: int, retriever: str, remat: bool) -
 
 
 def fit_to_memory(b: int, k: int, lq: int, ld: int, retriever: str, remat: bool,
-                  headroom: float = 0.9) -> dict:
-    """The asked shape if its step fits in ``headroom`` of the free memory; else the same with
-    gradient checkpointing; else the largest power-of-two fraction of the batch that fits.
-    Raises ``SystemExit`` (one line) when batch 1 does not fit."""
-    free = available_memory()
+                  headroom: float = 0.9, share: int = 1) -> dict:
+    """The asked shape if its step fits in ``headroom`` of the free memory (divided among
+    ``share`` runs of the step held at once); else the same with gradient checkpointing; else
+    the largest power-of-two fraction of the batch that fits. Raises ``SystemExit`` (one line)
+    when batch 1 does not fit."""
+    free = available_memory() / share
     asked = None
     shapes = [(b, remat)] + ([] if remat else [(b, True)])
     for batch, checkpointing in shapes + [(b >> i, True) for i in range(1, b.bit_length())]:
@@ -214,7 +217,7 @@ def loop_run(folder: str, n: int) -> dict:
     import tempfile
 
     from replug_jax.fileio import read_jsonl
-    from replug_jax.train.setup import build_trainer
+    from replug_jax.train.assemble import build_trainer
 
     folder = pathlib.Path(folder)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_lsr_"))

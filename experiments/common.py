@@ -12,7 +12,6 @@ import platform
 import shlex
 import subprocess
 import sys
-import time
 
 from replug_jax import config
 from replug_jax.fileio import write_text_atomic
@@ -178,11 +177,3 @@ def save_figure(fig, path: pathlib.Path) -> None:
 
     plt.close(fig)
 
-
-class Stopwatch:
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.t0

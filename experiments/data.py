@@ -8,7 +8,7 @@ import json
 import re
 
 from experiments.common import load_retriever, require_data
-from replug_jax.eval.lm import WindowSettings, split_wikitext
+from replug_jax.eval.perplexity import WindowSettings, split_wikitext
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, chunk_documents
 from replug_jax.retrieval.index import index_in_memory
@@ -69,4 +69,5 @@ def wikitext_setup(cfg, lm, progress: bool = True):
 def build_pipe(cfg, retriever_source: str, lm, passages) -> Replug:
     retriever = load_retriever(retriever_source)
     index = index_in_memory(passages, retriever)
-    return Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
+    return Replug(lm, retriever, index, k=cfg.k, retrieval_temperature=cfg.temperature,
+                  seed=cfg.seed)

@@ -16,7 +16,6 @@ import dataclasses
 import numpy as np
 
 from experiments.common import (
-    Stopwatch,
     load_lm,
     new_figure,
     parse_experiment_args,
@@ -28,8 +27,9 @@ from experiments.common import (
 from experiments.configs.table1_lm import CONFIGS
 from experiments.data import build_pipe, wikitext_setup
 from replug_jax.core.ensemble import mixture_logprobs, perplexity, retrieval_log_weights
-from replug_jax.eval.lm import LMEvaluator
+from replug_jax.eval.perplexity import LMEvaluator
 from replug_jax.eval.stats import bpb_difference, format_interval
+from replug_jax.timing import Timer
 
 DIFFERENCES = (
     "The paper's Figure 4 ensembles up to 100 documents with GPT-2/Codex on the Pile. Here: "
@@ -54,7 +54,7 @@ def main(argv=None):
     args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     ks = sorted(set(cfg.ks))
     lm = load_lm(cfg.lm, cfg.max_context)
-    with Stopwatch() as sw:
+    with Timer() as sw:
         docs, passages, settings = wikitext_setup(cfg, lm)
         pipe = build_pipe(cfg, cfg.retriever, lm, passages)
         report = LMEvaluator(docs, settings, modes=("none", "replug", "random"), k=max(ks),
@@ -86,7 +86,8 @@ def main(argv=None):
     out = write_results(
         "figure4_num_docs", args.config, payload, table,
         ("k", "perplexity, retrieved", "perplexity, random", "LM alone",
-         "Δ bits/byte retrieved vs LM alone [95 % CI]", "Δ bits/byte random vs LM alone [95 % CI]",
+         "Δ bits/byte retrieved vs LM alone [95 % CI]",
+         "Δ bits/byte random vs LM alone [95 % CI]",
          "Δ bits/byte retrieved vs random [95 % CI]"),
         notes=(f"{report['windows']} windows from {len(docs)} WikiText-2 test articles, leakage "
                f"filter '{cfg.leakage}'; LM {cfg.lm}, retriever {cfg.retriever}; "

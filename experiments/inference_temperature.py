@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import pathlib
 
 import numpy as np
 
 from experiments.common import (
-    Stopwatch,
     load_lm,
     new_figure,
     parse_experiment_args,
@@ -32,8 +30,9 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.inference_temperature import CONFIGS
-from replug_jax.eval.lm import WindowSettings, leakage_exclusions, sliding_windows
-from replug_jax.eval.stats import format_interval, paired_bootstrap
+from replug_jax.core.ensemble import bits_per_byte
+from replug_jax.eval.perplexity import WindowSettings, leakage_exclusions, sliding_windows
+from replug_jax.eval.stats import bpb_difference, format_interval, paired_bootstrap
 from replug_jax.eval.temperature import (
     BranchCache,
     cross_fit_logliks,
@@ -46,6 +45,7 @@ from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, chunk_documents, read_documents
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval.index import index_in_memory
+from replug_jax.timing import Timer
 from replug_jax.train.data import read_demonstrations
 
 DIFFERENCES = (
@@ -163,7 +163,7 @@ def score_split(pipe: Replug | None, data: dict, path: pathlib.Path, mode: str,
 def metric(cfg, logliks, num_bytes) -> float:
     if cfg.dataset == "nq":
         return float(np.mean(logliks))  # mean gold-answer log-likelihood (nats)
-    return float(-np.sum(logliks) / (math.log(2.0) * np.sum(num_bytes)))  # bits per byte
+    return float(bits_per_byte(np.sum(logliks), np.sum(num_bytes)))
 
 
 def difference(cfg, a, b, num_bytes) -> dict:
@@ -171,7 +171,7 @@ def difference(cfg, a, b, num_bytes) -> dict:
     kw = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
     if cfg.dataset == "nq":
         return paired_bootstrap(a, b, **kw)
-    return paired_bootstrap(a, b, num_bytes, scale=-1.0 / math.log(2.0), **kw)
+    return bpb_difference(a, b, num_bytes, **kw)
 
 
 def main(argv=None):
@@ -184,7 +184,7 @@ def main(argv=None):
         raise ValueError(f"record={cfg.record!r} names no retriever of {cfg.retrievers}")
     work = pathlib.Path(cfg.workdir) / args.config
     progress = not args.no_progress
-    with Stopwatch() as sw:
+    with Timer() as sw:
         lm = load_lm(cfg.lm, cfg.max_context)
         passages = load_corpus(cfg, lm)
         # NQ fits τ on the reported questions (cross-fitted); WikiText on separate articles
@@ -203,7 +203,7 @@ def main(argv=None):
             pipe = None  # the corpus is embedded only when a split is not cached yet
             if with_gold or not all(cached(paths[s], keys[s]) for s in splits):
                 pipe = Replug(lm, retriever, index_in_memory(passages, retriever),
-                              k=cfg.k, temperature=1.0)
+                              k=cfg.k, retrieval_temperature=1.0)
             caches[label] = {s: score_split(pipe, data[s], paths[s], "replug", progress,
                                             keys[s]) for s in splits}
             if with_gold:

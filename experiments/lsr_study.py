@@ -28,7 +28,6 @@ import pathlib
 import numpy as np
 
 from experiments.common import (
-    Stopwatch,
     load_lm,
     new_figure,
     parse_experiment_args,
@@ -43,6 +42,7 @@ from replug_jax.fileio import write_json_atomic
 from replug_jax.retrieval.corpus import chunk_documents, leakage_exclusions, read_documents
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval.index import Index, corpus_text
+from replug_jax.timing import Timer
 from replug_jax.train.data import lm_examples
 from replug_jax.train.pool import (
     PoolTrainConfig,
@@ -116,7 +116,7 @@ def main(argv=None):
     progress = not args.no_progress
     work = pathlib.Path(cfg.workdir) / args.config
     (work / "runs").mkdir(parents=True, exist_ok=True)
-    with Stopwatch() as sw:
+    with Timer() as sw:
         lm = load_lm(cfg.lm, cfg.lm_max_context)
         retriever = Retriever.load(cfg.retriever, max_length=cfg.doc_max_length,
                                    query_max_length=cfg.query_max_length)

@@ -24,7 +24,7 @@ import numpy as np
 
 from experiments.common import require_data
 from experiments.data import load_nq
-from replug_jax.eval.lm import split_wikitext
+from replug_jax.eval.perplexity import split_wikitext
 from replug_jax.fileio import write_json_atomic, write_text_atomic
 from replug_jax.retrieval.corpus import chunk_documents, python_docs_documents
 

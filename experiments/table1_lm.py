@@ -1,11 +1,12 @@
 """Table 1 at laptop scale: bits per UTF-8 byte of the LM alone, + REPLUG, + REPLUG LSR, + the
 random-document ensemble, + concatenation of the k documents.
 
-Setting: WikiText-2 test articles evaluated with sliding windows (``replug_jax.eval.lm``); the
-retrieval corpus is 128-token passages of WikiText-2 test itself, and the leakage filter
-removes every passage of the evaluated article (``leakage="document"``, the default; ``window``
-hides only the passages overlapping the window). Each row's difference from the LM alone comes
-with a paired bootstrap interval over windows. Usage:
+Setting: WikiText-2 test articles evaluated with sliding windows
+(``replug_jax.eval.perplexity``); the retrieval corpus is 128-token passages of WikiText-2 test
+itself, and the leakage filter removes every passage of the evaluated article
+(``leakage="document"``, the default; ``window`` hides only the passages overlapping the
+window). Each row's difference from the LM alone comes with a paired bootstrap interval over
+windows. Usage:
 ``python -m experiments.table1_lm [--config tiny] [--set k=5 num_documents=8]``.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 from experiments.common import (
-    Stopwatch,
     load_lm,
     new_figure,
     parse_experiment_args,
@@ -25,8 +25,9 @@ from experiments.common import (
 )
 from experiments.configs.table1_lm import CONFIGS
 from experiments.data import build_pipe, wikitext_setup
-from replug_jax.eval.lm import LMEvaluator
+from replug_jax.eval.perplexity import LMEvaluator
 from replug_jax.eval.stats import bpb_difference, format_interval
+from replug_jax.timing import Timer
 
 DIFFERENCES = (
     "The paper evaluates on the Pile with a 367M-document Pile training corpus, Contriever and "
@@ -53,7 +54,7 @@ def differences(rows: dict, base: str) -> dict:
 def main(argv=None):
     args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     lm = load_lm(cfg.lm, cfg.max_context)
-    with Stopwatch() as sw:
+    with Timer() as sw:
         docs, passages, settings = wikitext_setup(cfg, lm)
         pipe = build_pipe(cfg, cfg.retriever, lm, passages)
         evaluator = LMEvaluator(docs, settings, modes=cfg.modes, batch_size=cfg.batch_size,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 from experiments.common import (
-    Stopwatch,
     load_lm,
     load_retriever,
     new_figure,
@@ -29,6 +28,7 @@ from experiments.data import wikipedia_passages
 from replug_jax.eval.mmlu import CATEGORIES, MMLUEvaluator, load_mmlu
 from replug_jax.replug import Replug
 from replug_jax.retrieval.index import index_in_memory
+from replug_jax.timing import Timer
 
 DIFFERENCES = (
     "The paper runs Codex 5-shot on all 57 subjects with top-10 documents from a Wikipedia dump. "
@@ -45,7 +45,7 @@ def main(argv=None):
         test = {s: qs[:cfg.questions_per_subject] for s, qs in test.items()}
     dev = load_mmlu(folder, "dev", list(test))
     lm = load_lm(cfg.lm, cfg.max_context)
-    with Stopwatch() as sw:
+    with Timer() as sw:
         passages = wikipedia_passages(cfg.corpus, lm.tokenizer)
         rows = {}
         for label, source in (("replug", cfg.retriever), ("replug_lsr", cfg.lsr_retriever)):
@@ -53,7 +53,7 @@ def main(argv=None):
                 continue
             retriever = load_retriever(source)
             index = index_in_memory(passages, retriever)
-            pipe = Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature,
+            pipe = Replug(lm, retriever, index, k=cfg.k, retrieval_temperature=cfg.temperature,
                           seed=cfg.seed)
             modes = cfg.modes if label == "replug" else ("replug",)
             res = MMLUEvaluator(test, dev, modes=modes, shots=cfg.shots,

@@ -22,7 +22,6 @@ import json
 import numpy as np
 
 from experiments.common import (
-    Stopwatch,
     load_lm,
     load_retriever,
     new_figure,
@@ -39,6 +38,7 @@ from replug_jax.eval.stats import format_interval, paired_bootstrap
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, read_documents
 from replug_jax.retrieval.index import index_in_memory
+from replug_jax.timing import Timer
 from replug_jax.train.data import read_demonstrations
 
 
@@ -84,7 +84,8 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
     index → gold passage id (default: the passage of the same index, for ``nq_gold``)."""
     retriever = load_retriever(retriever_source)
     index = index_in_memory(passages, retriever)
-    pipe = Replug(lm, retriever, index, k=cfg.k, temperature=cfg.temperature, seed=cfg.seed)
+    pipe = Replug(lm, retriever, index, k=cfg.k, retrieval_temperature=cfg.temperature,
+                  seed=cfg.seed)
     selected = select_questions(cfg, questions)
     lsr = label != "replug"  # the LSR retriever only changes the REPLUG row
     if gold_doc is None and cfg.dataset == "nq_gold":
@@ -158,7 +159,7 @@ def main(argv=None):
     key = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
                          ).hexdigest()[:12]
     partial = folder / f".{args.config}.{key}.partial.jsonl"  # same config -> resumes
-    with Stopwatch() as sw:
+    with Timer() as sw:
         rows, records = evaluate(cfg, cfg.retriever, passages, questions, answers, lm,
                                  "replug", not args.no_progress, partial, gold_doc)
         if cfg.lsr_retriever:

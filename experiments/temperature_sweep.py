@@ -22,7 +22,6 @@ import shutil
 import numpy as np
 
 from experiments.common import (
-    Stopwatch,
     add_standard_args,
     load_lm,
     new_figure,
@@ -34,11 +33,12 @@ from experiments.common import (
 )
 from experiments.configs.temperature_sweep import CONFIGS
 from replug_jax.retrieval.encoder import Retriever
+from replug_jax.timing import Timer
 from replug_jax.train.config import load_config
 from replug_jax.fileio import read_jsonl
 from replug_jax.train.data import qa_examples, read_demonstrations
 from replug_jax.train.loop import LSRTrainer
-from replug_jax.train.setup import load_passages
+from replug_jax.train.assemble import load_passages
 
 DIFFERENCES = (
     "The paper trains with γ = β = 0.1 (its §5.2 values) and KL(P_R ‖ Q) only, on 800K Pile "
@@ -103,7 +103,7 @@ def main(argv=None):
     train, dev = qa_examples(common.data, shots), qa_examples(common.dev_data, shots)
     runs = []
     shared_cache = root / "lm_scores.sqlite"
-    with Stopwatch() as sw:
+    with Timer() as sw:
         for direction, gamma, beta in itertools.product(sweep.directions, sweep.gammas,
                                                         sweep.betas):
             cfg = dataclasses.replace(common, gamma=gamma, beta=beta, direction=direction)

@@ -27,14 +27,13 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax.core.ensemble import (
-    bits_per_byte,
     doc_responsibility,
     mixture_logprobs,
-    perplexity,
     retrieval_log_weights,
     top_n_mixture_bounds,
 )
 from replug_jax.lm.scorer import (
+    ENSEMBLE_DECODE,
     NEXT_TOKEN,
     SCORE,
     TOP_LOGPROBS,
@@ -42,107 +41,54 @@ from replug_jax.lm.scorer import (
     stop_position,
 )
 from replug_jax.prompts import document_budget, document_prompt
-from replug_jax.retrieval.corpus import Passage
+from replug_jax.results import (  # noqa: F401 (the pipeline's result types, re-exported)
+    Branches,
+    GenerationResult,
+    ScoreResult,
+    source_of,
+    summarize,
+)
 from replug_jax.retrieval.index import corpus_text, per_query_exclusions
 
 MODES = ("replug", "none", "concat", "top1", "random")
 
 
-@dataclasses.dataclass
-class Branches:
-    """The LM inputs of one query: K' prompts and their log-weights."""
+def _renamed(old: str, old_value, new: str, new_value, default=None):
+    """``new_value``, or ``old_value`` passed under a keyword's older name (with a warning)."""
+    if old_value is None:
+        return new_value
+    if new_value is not None and new_value != default:
+        raise TypeError(f"pass {new}= only (its older name {old}= was given too)")
+    import warnings
 
-    prompts: list[str]
-    log_weights: np.ndarray  # [K']
-    passages: list[Passage]
-    scores: np.ndarray  # [K'] retrieval similarities (NaN where not applicable)
-
-
-@dataclasses.dataclass
-class ScoreResult:
-    context: str
-    continuation: str
-    tokens: list[str]
-    token_logprobs: np.ndarray  # [T] ensemble log-probs
-    loglik: float
-    num_tokens: int
-    num_bytes: int
-    doc_ids: list[int]
-    doc_titles: list[str]
-    weights: list[float]
-    responsibility: np.ndarray  # [K', T]
-    reliance: float | None  # loglik - loglik without retrieval
-    settings: dict
-    cost: dict
-    branch_logprobs: np.ndarray | None = None  # [K', T] each branch's own log-probs
-    doc_scores: np.ndarray | None = None  # [K'] retrieval similarities s(d, x) (NaN: none)
-    sources: list[dict] = dataclasses.field(default_factory=list)  # [K'] see source_of
-
-    def to_json(self) -> dict:
-        return {"context": self.context, "continuation": self.continuation,
-                "loglik": self.loglik, "num_tokens": self.num_tokens,
-                "num_bytes": self.num_bytes, "tokens": self.tokens,
-                "token_logprobs": [round(float(x), 5) for x in self.token_logprobs],
-                "doc_ids": self.doc_ids, "doc_titles": self.doc_titles,
-                "weights": [round(w, 6) for w in self.weights],
-                "responsibility": np.round(self.responsibility, 5).tolist(),
-                "sources": self.sources, "retrieval_reliance": self.reliance,
-                "settings": self.settings, "cost": self.cost}
+    warnings.warn(f"{old}= is now {new}=", DeprecationWarning, stacklevel=3)
+    return old_value
 
 
 @dataclasses.dataclass
-class GenerationResult:
-    prompt: str
-    text: str
-    tokens: list[str]
-    token_logprobs: np.ndarray  # [T] mixture log-prob of each chosen token
-    doc_ids: list[int]
-    doc_titles: list[str]
-    doc_texts: list[str]
-    weights: list[float]
-    responsibility: np.ndarray  # [K', T]
-    stopped_by: str
-    approximation: str | None
-    settings: dict
-    cost: dict
-    sources: list[dict] = dataclasses.field(default_factory=list)  # [K'] see source_of
+class _Call:
+    """One call of a pipeline entry point: its settings, branches and cost baseline."""
 
-    def to_json(self) -> dict:
-        return {"prompt": self.prompt, "text": self.text, "tokens": self.tokens,
-                "token_logprobs": [round(float(x), 5) for x in self.token_logprobs],
-                "doc_ids": self.doc_ids, "doc_titles": self.doc_titles,
-                "weights": [round(w, 6) for w in self.weights],
-                "responsibility": np.round(self.responsibility, 5).tolist(),
-                "stopped_by": self.stopped_by, "approximation": self.approximation,
-                "sources": self.sources, "settings": self.settings, "cost": self.cost}
-
-
-def source_of(p: Passage) -> dict:
-    """Where a retrieved passage comes from, to join it back to the user's corpus: its row
-    (``id``), the id the user gave its document (a JSONL ``id``, a DPR passage id) and its
-    character span ``[start, end)`` in that document's text."""
-    return {"id": p.id, "source_id": p.source_id, "start": p.start, "end": p.end,
-            "title": p.title}
-
-
-def summarize(results: Sequence[ScoreResult]) -> dict:
-    """Corpus-level perplexity and bits per byte from per-line results."""
-    ll = float(sum(r.loglik for r in results))
-    toks = int(sum(r.num_tokens for r in results))
-    nbytes = int(sum(r.num_bytes for r in results))
-    return {"loglik": ll, "num_tokens": toks, "num_bytes": nbytes,
-            "perplexity": float(perplexity(ll, max(toks, 1))),
-            "bits_per_byte": float(bits_per_byte(ll, max(nbytes, 1))),
-            "lines": len(results)}
+    mode: str
+    k: int
+    groups: list
+    t_wall: float
+    before: dict
+    retrieval_s: float
 
 
 class Replug:
     """Retrieval-augmented black-box LM. ``retriever``/``index`` may be None for mode 'none'."""
 
     def __init__(self, lm, retriever=None, index=None, *, k: int = 10,
-                 temperature: float | None = None, separator: str = "\n\n",
+                 retrieval_temperature: float | None = None, separator: str = "\n\n",
                  mode: str = "replug", seed: int = 0, top_n: int = 20,
-                 nprobe: int | None = None, rerank: int | None = None):
+                 nprobe: int | None = None, rerank: int | None = None,
+                 temperature: float | None = None):
+        """``retrieval_temperature`` is τ of λ = softmax(s/τ) (Eq. 2); ``temperature`` is its
+        older name, accepted with a warning."""
+        retrieval_temperature = _renamed("temperature", temperature, "retrieval_temperature",
+                                         retrieval_temperature)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if k <= 0:
@@ -150,14 +96,15 @@ class Replug:
         if mode != "none" and (retriever is None or index is None):
             raise ValueError(f"mode {mode!r} needs a retriever and an index")
         # τ: explicit, else the one fitted for the retriever (replug.json), else the paper's 1.
-        fitted = getattr(retriever, "temperature", None)
-        self.temperature_source = ("argument" if temperature is not None else
-                                   "retriever" if fitted is not None else "default")
-        temperature = temperature if temperature is not None else fitted or 1.0
-        if not temperature > 0:
-            raise ValueError(f"the temperature of λ must be > 0, got {temperature}")
+        fitted = getattr(retriever, "retrieval_temperature", None)
+        tau = retrieval_temperature
+        self.retrieval_temperature_source = ("argument" if tau is not None else
+                                             "retriever" if fitted is not None else "default")
+        tau = tau if tau is not None else fitted or 1.0
+        if not tau > 0:
+            raise ValueError(f"the retrieval temperature τ of λ must be > 0, got {tau}")
         self.lm, self.retriever, self.index = lm, retriever, index
-        self.k, self.temperature, self.separator = k, temperature, separator
+        self.k, self.retrieval_temperature, self.separator = k, tau, separator
         self.mode, self.seed, self.top_n = mode, seed, top_n
         # search-time knobs of an approximate index (None: the index manifest's defaults)
         self.search_options = {k: v for k, v in (("nprobe", nprobe), ("rerank", rerank))
@@ -167,8 +114,8 @@ class Replug:
     # -- retrieval and branches -----------------------------------------------------------------
 
     def settings(self, mode: str, k: int) -> dict:
-        return {"mode": mode, "k": k, "temperature": self.temperature,
-                "temperature_source": self.temperature_source,
+        return {"mode": mode, "k": k, "retrieval_temperature": self.retrieval_temperature,
+                "retrieval_temperature_source": self.retrieval_temperature_source,
                 "separator": self.separator, "lm": getattr(self.lm, "name", "?"),
                 "retriever": None if self.retriever is None else self.retriever.identity,
                 "index": None if self.index is None else {
@@ -267,7 +214,7 @@ class Replug:
                 prompt = self._compose(self.separator.join(docs), c, budget, r)
                 out.append(Branches([prompt], np.zeros(1, np.float32), ps[:len(docs)], scores))
                 continue
-            log_w = np.asarray(retrieval_log_weights(scores[None], self.temperature))[0]
+            log_w = np.asarray(retrieval_log_weights(scores[None], self.retrieval_temperature))[0]
             prompts = [self._compose(corpus_text(p), c, budget, r) for p in ps]
             out.append(Branches(prompts, log_w, ps, scores))
         return out, seconds
@@ -286,13 +233,9 @@ class Replug:
         require(self.lm, SCORE, "REPLUG scoring")
         if len(contexts) != len(continuations):
             raise ValueError(f"{len(contexts)} contexts for {len(continuations)} continuations")
-        mode = mode or self.mode
-        k = k or self.k
-        t_wall = time.perf_counter()
-        before = self.lm.cost.snapshot()
-        reserve = [self.lm.count_tokens(c) for c in continuations]
-        groups, retrieval_s = self.branches(contexts, queries, mode=mode, k=k,
-                                            exclude_ids=exclude_ids, reserve=reserve)
+        call = self._start(contexts, queries, mode, k, exclude_ids,
+                           reserve=[self.lm.count_tokens(c) for c in continuations])
+        mode, k, groups = call.mode, call.k, call.groups
         prompts = [p for g in groups for p in g.prompts]
         conts = [c for g, c in zip(groups, continuations) for _ in g.prompts]
         if reliance and mode != "none":
@@ -320,17 +263,27 @@ class Replug:
                 None if plain is None else ll - plain[qi].total if mode != "none" else 0.0,
                 self.settings(mode, k), {}, lp_KT, g.scores,
                 [source_of(p) for p in g.passages]))
-        cost = self._cost(before, retrieval_s, t_wall, len(results))
+        cost = self._cost(call, len(results))
         for r in results:
             r.cost = cost
         return results
 
-    def _cost(self, before: dict, retrieval_s: float, t_wall: float, n: int) -> dict:
+    def _start(self, texts, queries, mode, k, exclude_ids, reserve) -> "_Call":
+        """What every entry point opens with: the mode and k in force, the cost meter's
+        reading and the clock, then retrieval and the branches."""
+        mode, k = mode or self.mode, k or self.k
+        t_wall, before = time.perf_counter(), self.lm.cost.snapshot()
+        groups, retrieval_s = self.branches(texts, queries, mode=mode, k=k,
+                                            exclude_ids=exclude_ids, reserve=reserve)
+        return _Call(mode, k, groups, t_wall, before, retrieval_s)
+
+    def _cost(self, call: "_Call", n: int) -> dict:
+        """The LM cost, retrieval and wall time of ``call`` (shared by ``n`` results)."""
         from replug_jax.lm.scorer import CostMeter
 
-        c = CostMeter.diff(self.lm.cost.snapshot(), before)
-        c["retrieval_seconds"] = round(retrieval_s, 4)
-        c["wall_seconds"] = round(time.perf_counter() - t_wall, 4)
+        c = CostMeter.diff(self.lm.cost.snapshot(), call.before)
+        c["retrieval_seconds"] = round(call.retrieval_s, 4)
+        c["wall_seconds"] = round(time.perf_counter() - call.t_wall, 4)
         c["shared_by"] = n  # the cost covers this many results together
         return c
 
@@ -343,19 +296,15 @@ class Replug:
         Needs an LM that exposes full next-token distributions (``NEXT_TOKEN``); an API that
         returns only top-n log-probs cannot give this exactly (see ``generate``)."""
         require(self.lm, NEXT_TOKEN, "the REPLUG next-token distribution")
-        mode = mode or self.mode
-        k = k or self.k
-        t_wall = time.perf_counter()
-        before = self.lm.cost.snapshot()
-        groups, retrieval_s = self.branches(contexts, queries, mode=mode, k=k,
-                                            exclude_ids=exclude_ids, reserve=1)
+        call = self._start(contexts, queries, mode, k, exclude_ids, reserve=1)
+        groups = call.groups
         lp_NV = self.lm.next_token_logprobs([p for g in groups for p in g.prompts])
         out_BV, pos = [], 0
         for g in groups:
             lp_KV = lp_NV[pos:pos + len(g.prompts)]
             pos += len(g.prompts)
             out_BV.append(np.asarray(mixture_logprobs(lp_KV[None], g.log_weights[None]))[0])
-        return np.stack(out_BV), groups, self._cost(before, retrieval_s, t_wall, len(groups))
+        return np.stack(out_BV), groups, self._cost(call, len(groups))
 
     def answer_choice(self, prompt: str, options: Sequence[str], query: str | None = None, *,
                       mode: str | None = None, k: int | None = None,
@@ -400,21 +349,21 @@ class Replug:
     # -- generation -----------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int = 32, *,
-                 temperature: float = 0.0, top_p: float = 1.0, stop: Sequence[str] = (),
-                 queries: Sequence[str] | None = None, mode: str | None = None,
-                 k: int | None = None, exclude_ids=None, seed: int | None = None
+                 sampling_temperature: float = 0.0, top_p: float = 1.0,
+                 stop: Sequence[str] = (), queries: Sequence[str] | None = None,
+                 mode: str | None = None, k: int | None = None, exclude_ids=None,
+                 seed: int | None = None, temperature: float | None = None
                  ) -> list[GenerationResult]:
         """Coordinated decoding: each step's token comes from the mixture over the branches
-        and is appended to every branch (§3.2). Greedy when ``temperature == 0``."""
-        mode = mode or self.mode
-        k = k or self.k
-        t_wall = time.perf_counter()
-        before = self.lm.cost.snapshot()
-        groups, retrieval_s = self.branches(prompts, queries, mode=mode, k=k,
-                                            exclude_ids=exclude_ids, reserve=max_new_tokens)
+        and is appended to every branch (§3.2). Greedy when ``sampling_temperature == 0``
+        (``temperature`` is its older name, accepted with a warning)."""
+        sampling_temperature = _renamed("temperature", temperature, "sampling_temperature",
+                                        sampling_temperature, default=0.0)
+        call = self._start(prompts, queries, mode, k, exclude_ids, reserve=max_new_tokens)
+        mode, k, groups = call.mode, call.k, call.groups
         seed = self.seed if seed is None else seed
         approximation = None
-        if hasattr(self.lm, "generate_ensemble"):
+        if ENSEMBLE_DECODE in self.lm.capabilities:
             outs = []
             by_k: dict[int, list[int]] = {}
             for i, g in enumerate(groups):
@@ -424,7 +373,8 @@ class Replug:
                 gen = self.lm.generate_ensemble(
                     [groups[i].prompts for i in idx],
                     np.stack([groups[i].log_weights for i in idx]),
-                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                    max_new_tokens=max_new_tokens, sampling_temperature=sampling_temperature,
+                    top_p=top_p,
                     stop=stop, seed=seed)
                 for j, i in enumerate(idx):
                     results[i] = (gen.texts[j], gen.token_ids[j], gen.mixture_logprobs[j],
@@ -434,9 +384,9 @@ class Replug:
                 text, ids, mix, br, stopped = results[i]
                 outs.append((text, [decode([t]) for t in ids], mix, br, stopped))
         else:
-            outs, approximation = self._generate_stepwise(groups, max_new_tokens, temperature,
-                                                          top_p, stop, seed)
-        cost = self._cost(before, retrieval_s, t_wall, len(groups))
+            outs, approximation = self._generate_stepwise(groups, max_new_tokens,
+                                                          sampling_temperature, top_p, stop, seed)
+        cost = self._cost(call, len(groups))
         final = []
         for prompt, g, (text, toks, mix, br, stopped) in zip(prompts, groups, outs):
             resp = (np.asarray(doc_responsibility(br[None], g.log_weights[None]))[0]
@@ -448,7 +398,8 @@ class Replug:
                 self.settings(mode, k), cost, [source_of(p) for p in g.passages]))
         return final
 
-    def _generate_stepwise(self, groups, max_new_tokens, temperature, top_p, stop, seed):
+    def _generate_stepwise(self, groups, max_new_tokens, sampling_temperature, top_p, stop,
+                           seed):
         """Coordinated decoding through an API: one call per branch per token (the K calls of
         a step run concurrently; a server with a prompt cache, such as llama.cpp's, re-reads
         only the new tokens of each branch)."""
@@ -482,7 +433,7 @@ class Replug:
                     lower_V, upper_V = (np.asarray(x) for x in top_n_mixture_bounds(
                         lp_KV, g.log_weights))
                     mix_V = lower_V
-                tok = int(choose_token(mix_V[None], sub, temperature, top_p)[0])
+                tok = int(choose_token(mix_V[None], sub, sampling_temperature, top_p)[0])
                 if vocab is not None:
                     widest = max(widest, float(upper_V[tok] - lower_V[tok]))
                 piece = (self.lm.tokenizer.decode([tok]) if vocab is None else vocab[tok])

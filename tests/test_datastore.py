@@ -550,7 +550,7 @@ def test_search_results_carry_the_source_document_and_span(tmp_path):
        ties=st.booleans(), seed=st.integers(0, 2**16))
 def test_two_stage_topk_equals_exact_topk(bins, bin_rows, k, ties, seed):
     """Per-bin maxima → top-k bins → top-k of their members gives the exact top-k values
-    (with heavy ties too: integer scores), and the columns hold those values."""
+    (with heavy ties too: integer scores), and the rows returned hold those values."""
     from replug_jax.retrieval.index import two_stage_topk
 
     rng = np.random.default_rng(seed)
@@ -558,11 +558,11 @@ def test_two_stage_topk_equals_exact_topk(bins, bin_rows, k, ties, seed):
     k = min(k, n)
     s = (rng.integers(-3, 4, size=(4, n)) if ties else rng.normal(size=(4, n))).astype(
         np.float32)
-    vals, cols = two_stage_topk(jnp.asarray(s), k, bin_rows)
+    vals, rows = two_stage_topk(jnp.asarray(s.T), k, bin_rows)  # [N, B] corpus-major
     want = -np.sort(-s, axis=1)[:, :k]
     np.testing.assert_array_equal(np.asarray(vals), want)
-    np.testing.assert_array_equal(np.take_along_axis(s, np.asarray(cols), 1), want)
-    assert all(len(set(row)) == k for row in np.asarray(cols).tolist())
+    np.testing.assert_array_equal(np.take_along_axis(s, np.asarray(rows), 1), want)
+    assert all(len(set(row)) == k for row in np.asarray(rows).tolist())
 
 
 def test_storage_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators():

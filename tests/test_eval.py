@@ -39,7 +39,7 @@ WIKI = (" = Alpha River = \n \n The Alpha River flows north through the Brel val
 
 
 def test_split_wikitext_articles():
-    from replug_jax.eval.lm import split_wikitext
+    from replug_jax.eval.perplexity import split_wikitext
 
     docs = split_wikitext(WIKI)
     assert [d.title for d in docs] == ["Alpha River", "Beta Town"]
@@ -48,7 +48,7 @@ def test_split_wikitext_articles():
 
 @pytest.fixture(scope="module")
 def tiny_pipe():
-    from replug_jax.eval.lm import split_wikitext
+    from replug_jax.eval.perplexity import split_wikitext
     from replug_jax.replug import Replug
     from replug_jax.retrieval.corpus import chunk_documents
     from replug_jax.retrieval.index import Index
@@ -63,7 +63,7 @@ def tiny_pipe():
 
 
 def test_windows_tile_the_document(tiny_pipe):
-    from replug_jax.eval.lm import WindowSettings, sliding_windows
+    from replug_jax.eval.perplexity import WindowSettings, sliding_windows
 
     docs, _, pipe = tiny_pipe
     tok = pipe.lm.tokenizer
@@ -84,7 +84,7 @@ def test_windows_tile_the_document(tiny_pipe):
 
 
 def test_leakage_filter(tiny_pipe):
-    from replug_jax.eval.lm import WindowSettings, leakage_exclusions, sliding_windows
+    from replug_jax.eval.perplexity import WindowSettings, leakage_exclusions, sliding_windows
 
     docs, passages, pipe = tiny_pipe
     ws = sliding_windows(docs[0], pipe.lm.tokenizer, WindowSettings(8, 6, 8, 4))
@@ -99,7 +99,12 @@ def test_leakage_filter(tiny_pipe):
 
 
 def test_bits_per_byte_against_independent_scoring(tiny_pipe):
-    from replug_jax.eval.lm import WindowSettings, evaluate_lm, leakage_exclusions, sliding_windows
+    from replug_jax.eval.perplexity import (
+        WindowSettings,
+        evaluate_lm,
+        leakage_exclusions,
+        sliding_windows,
+    )
 
     docs, passages, pipe = tiny_pipe
     s = WindowSettings(context_tokens=8, stride=6, query_tokens=8, skip_first=4)
@@ -213,7 +218,7 @@ def test_qa_evaluator_rows_and_resume(tmp_path):
 
 
 def test_retrieval_evaluator_recall_by_hand():
-    from replug_jax.eval.retrieval import RetrievalEvaluator
+    from replug_jax.eval.gold_recall import RetrievalEvaluator
     from replug_jax.retrieval.corpus import Passage
     from replug_jax.retrieval.index import Index
 

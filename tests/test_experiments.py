@@ -213,7 +213,8 @@ def test_repeated_set_flags_accumulate():
     assert ap.parse_args(["--set", "k=5", "--set", "seed=1", "stride=64"]).set == [
         "k=5", "seed=1", "stride=64"]
     assert ap.parse_args([]).set == []
-    cli = build_parser().parse_args(["train-lsr", "--config", "c.py", "--workdir", "w",
+    cli = build_parser().parse_args(["train-lsr", "--config", "experiments/configs/lsr_nq.py",
+                                     "--workdir", "w",
                                      "--set", "k=3", "--set", "remat=true"])
     assert cli.set == ["k=3", "remat=true"]
 

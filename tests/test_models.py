@@ -435,3 +435,40 @@ def test_xla_cpu_defaults_added_once_and_never_over_the_users_flags():
     mine = "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT"
     assert flags(XLA_FLAGS=mine) == mine
     assert flags(REPLUG_XLA_CPU_DEFAULTS="0") == ""
+
+
+def test_retriever_loading_enters_each_models_module_once():
+    """Following a retriever from the pipeline to its weights: one call enters the models
+    package (loading.load_retriever), loading calls weights once (load_model), weights asks the
+    registry once, and the architecture module is used only through its small interface."""
+    import sys
+
+    from replug_jax.retrieval.encoder import Retriever
+
+    packaged_or_skip("minilm")
+    calls = []
+
+    def profile(frame, event, arg):
+        if event != "call" or frame.f_back is None:
+            return
+        callee = frame.f_globals.get("__name__", "")
+        caller = frame.f_back.f_globals.get("__name__", "")
+        if callee.startswith("replug_jax.models") and caller.startswith("replug_jax.") \
+                and caller != callee:
+            calls.append((caller.rsplit(".", 1)[-1], callee.rsplit(".", 1)[-1],
+                          frame.f_code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        Retriever.load("minilm")
+    finally:
+        sys.setprofile(None)
+    models = ("loading", "weights", "registry", "bert", "layers", "params", "__init__")
+    entries = [c for c in calls if c[0] not in models and c[1] in ("loading", "weights",
+                                                                     "registry", "__init__")]
+    assert entries == [("encoder", "loading", "load_retriever")], entries
+    assert [c[2] for c in calls if c[:2] == ("loading", "weights")] == ["load_model"]
+    assert [c[2] for c in calls if c[:2] == ("weights", "registry")] == ["architecture"]
+    used = {c[2] for c in calls if c[:2] == ("weights", "bert")}
+    assert used <= {"config_from_hf", "hf_tensors", "hf_name_map", "hf_ignored", "build"}, used
+    assert not [c for c in calls if c[1] == "__init__" and c[0] != "__init__"], calls

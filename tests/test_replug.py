@@ -36,7 +36,7 @@ def parts():
 
 def test_ensemble_equals_independent_per_document_mixture(parts):
     retriever, index, lm = parts
-    pipe = Replug(lm, retriever, index, k=3, temperature=0.5)
+    pipe = Replug(lm, retriever, index, k=3, retrieval_temperature=0.5)
     ctx, cont = "The capital of Germany is", " Berlin, on the river Spree."
     [res] = pipe.score([ctx], [cont])
     # Independent: retrieve, weigh, score each d ∘ x alone, mix in NumPy.
@@ -51,7 +51,7 @@ def test_ensemble_equals_independent_per_document_mixture(parts):
     np.testing.assert_allclose(res.responsibility.sum(0), 1.0, atol=1e-5)
     plain = lm.score_continuations([ctx], [cont])[0].total
     assert res.reliance == pytest.approx(res.loglik - plain, abs=1e-3)
-    assert res.settings["k"] == 3 and res.settings["temperature"] == 0.5
+    assert res.settings["k"] == 3 and res.settings["retrieval_temperature"] == 0.5
     assert res.settings["separator"] == "\n\n"
     assert res.cost["lm_calls"] == 4 and res.cost["input_tokens"] > 0
 

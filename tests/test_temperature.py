@@ -31,12 +31,12 @@ def _pipe(**kw):
 
 def test_sweep_from_cached_branches_equals_direct_scoring(tmp_path):
     """One LM pass at τ = 1 serves every weighting: each equals scoring anew at that τ."""
-    base = _pipe(temperature=1.0)
+    base = _pipe(retrieval_temperature=1.0)
     cache = BranchCache.from_results(base.score(CONTEXTS, TARGETS, reliance=False))
     cache.save(tmp_path / "c.npz")
     cache = BranchCache.load(tmp_path / "c.npz")
     for tau in (1.0, 0.3, 0.1, 0.05, 0.02):
-        direct = [r.loglik for r in _pipe(temperature=tau).score(CONTEXTS, TARGETS,
+        direct = [r.loglik for r in _pipe(retrieval_temperature=tau).score(CONTEXTS, TARGETS,
                                                                  reliance=False)]
         np.testing.assert_allclose(mixture_logliks(cache, tau), direct, atol=1e-5, rtol=0)
     top1 = [r.loglik for r in base.score(CONTEXTS, TARGETS, mode="top1", reliance=False)]
@@ -108,18 +108,21 @@ def test_a_fitted_temperature_travels_with_the_retriever(tmp_path):
         "replug.json": json.dumps({"similarity": "cosine", "query_max_length": 16,
                                    "doc_max_length": 32}),
         "MODEL_CARD.md": "# R\n\n## Dev metrics\n\nsome\n"})
-    assert Retriever.load(str(folder)).temperature is None
+    assert Retriever.load(str(folder)).retrieval_temperature is None
     record_temperature(folder, 0.07, {"dev": "x"}, "τ = 0.07 (first)")
     record_temperature(folder, 0.05, {"dev": "x"}, "τ = 0.05 fitted on dev")
     card = (folder / "MODEL_CARD.md").read_text()
     assert card.count("## Inference temperature") == 1 and "0.05 fitted" in card
     assert "0.07" not in card and "## Dev metrics" in card
     retriever = Retriever.load(str(folder))
-    assert retriever.temperature == 0.05
+    assert retriever.retrieval_temperature == 0.05
     index = index_in_memory(PASSAGES, retriever)
     pipe = Replug(tiny_lm(0), retriever, index, k=3)
-    assert (pipe.temperature, pipe.settings("replug", 3)["temperature_source"]) == (
-        0.05, "retriever")
-    assert Replug(tiny_lm(0), retriever, index, temperature=1.0).temperature == 1.0
+    assert (pipe.retrieval_temperature,
+            pipe.settings("replug", 3)["retrieval_temperature_source"]) == (0.05, "retriever")
+    assert Replug(tiny_lm(0), retriever, index,
+                  retrieval_temperature=1.0).retrieval_temperature == 1.0
+    with pytest.warns(DeprecationWarning, match="temperature= is now retrieval_temperature="):
+        assert Replug(tiny_lm(0), retriever, index, temperature=0.5).retrieval_temperature == 0.5
     with pytest.raises(ValueError, match="must be > 0"):
         record_temperature(folder, 0.0, {}, "")

@@ -1,7 +1,7 @@
 """The frozen LM as a scoring callback with declared capabilities (Flax in-process or HTTP)."""
 
 from replug_jax.lm.scorer import (
-    GENERATE_TEXT,
+    ENSEMBLE_DECODE,
     NEXT_TOKEN,
     SCORE,
     TOP_LOGPROBS,
@@ -12,4 +12,4 @@ from replug_jax.lm.scorer import (
 )
 
 __all__ = ["LMScorer", "ContinuationScore", "CostMeter", "CapabilityError", "NEXT_TOKEN",
-           "SCORE", "TOP_LOGPROBS", "GENERATE_TEXT"]
+           "SCORE", "TOP_LOGPROBS", "ENSEMBLE_DECODE"]

@@ -21,15 +21,22 @@ from flax import nnx
 from replug_jax.core.ensemble import mixture_logprobs
 from replug_jax.core.sampling import choose_token
 from replug_jax.lm.scorer import (
+    ENSEMBLE_DECODE,
     NEXT_TOKEN,
     SCORE,
     TOP_LOGPROBS,
     ContinuationScore,
     CostMeter,
-    Timer,
     stop_position,
 )
-from replug_jax.models import LanguageModel, init_cache, load_lm, target_logprobs
+from replug_jax.models import (
+    DEFAULT_LM,
+    LanguageModel,
+    init_cache,
+    load_lm,
+    target_logprobs,
+)
+from replug_jax.timing import Timer
 
 LENGTH_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
 
@@ -46,7 +53,7 @@ class EnsembleGeneration:
 class FlaxLM:
     """An :class:`~replug_jax.lm.scorer.LMScorer` over an in-process Flax causal LM."""
 
-    capabilities = frozenset({NEXT_TOKEN, SCORE, TOP_LOGPROBS})
+    capabilities = frozenset({NEXT_TOKEN, SCORE, TOP_LOGPROBS, ENSEMBLE_DECODE})
 
     def __init__(self, lm: LanguageModel, *, max_context: int = 2048, batch_size: int = 8,
                  chunk: int = 16):
@@ -90,7 +97,7 @@ class FlaxLM:
         self._topn_fn = topn_fn
 
     @classmethod
-    def load(cls, source: str = "smollm2", dtype: str = "float32", **kwargs) -> "FlaxLM":
+    def load(cls, source: str = DEFAULT_LM, dtype: str = "float32", **kwargs) -> "FlaxLM":
         return cls(load_lm(source, dtype=dtype), **kwargs)
 
     # -- tokens ------------------------------------------------------------------------------
@@ -234,8 +241,8 @@ class FlaxLM:
     # -- coordinated ensemble decoding ---------------------------------------------------------
 
     @partial(jax.jit, static_argnames=("self", "capacity", "k"))
-    def _decode(self, state, cache, logp_BV, log_w_GK, pos_B, done_G, rng, temperature, top_p,
-                n_steps, *, capacity: int, k: int):
+    def _decode(self, state, cache, logp_BV, log_w_GK, pos_B, done_G, rng, sampling_temperature,
+                top_p, n_steps, *, capacity: int, k: int):
         """Up to ``n_steps <= capacity`` coordinated decoding steps in one compiled
         ``lax.while_loop``, which also stops as soon as every group has emitted EOS. Returns the
         carry, ``[capacity, G]`` tokens (EOS after the last step), mixture log-probs,
@@ -254,7 +261,7 @@ class FlaxLM:
             rng, sub = jax.random.split(rng)
             logp_GKV = logp_BV.reshape(g, k, -1)
             mix_GV = mixture_logprobs(logp_GKV, log_w_GK)
-            tok_G = choose_token(mix_GV, sub, temperature, top_p)
+            tok_G = choose_token(mix_GV, sub, sampling_temperature, top_p)
             tok_G = jnp.where(done_G, eos if eos >= 0 else 0, tok_G)
             mix_lp_G = jnp.take_along_axis(mix_GV, tok_G[:, None], -1)[:, 0]
             branch_lp_GK = jnp.take_along_axis(logp_GKV, tok_G[:, None, None].repeat(k, 1),
@@ -286,14 +293,14 @@ class FlaxLM:
         return self is other
 
     def generate_ensemble(self, prompts: Sequence[Sequence[str]], log_weights: np.ndarray, *,
-                          max_new_tokens: int = 32, temperature: float = 0.0,
+                          max_new_tokens: int = 32, sampling_temperature: float = 0.0,
                           top_p: float = 1.0, stop: Sequence[str] = (), seed: int = 0
                           ) -> EnsembleGeneration:
         """Coordinated decoding over ``G`` groups of ``K`` branch prompts.
 
         At each step the next token is chosen from ``Σ_k λ_k p(·|d_k ∘ x, y_<t)`` (greedy when
-        ``temperature == 0``, else temperature / nucleus sampling) and appended to all K
-        branches of its group. ``log_weights`` is ``[G, K]``.
+        ``sampling_temperature == 0``, else temperature / nucleus sampling) and appended to all
+        K branches of its group. ``log_weights`` is ``[G, K]``.
         """
         g, k = np.asarray(log_weights).shape
         if any(len(p) != k for p in prompts) or len(prompts) != g:
@@ -329,7 +336,7 @@ class FlaxLM:
             for c in range(n_chunks):
                 cache, logp, pos, done, rng = carry
                 carry, (tok, mix_lp, br_lp), ran = self._decode(
-                    self.state, cache, logp, log_w, pos, done, rng, temperature, top_p,
+                    self.state, cache, logp, log_w, pos, done, rng, sampling_temperature, top_p,
                     jnp.int32(min(capacity, max_new_tokens - c * capacity)), capacity=capacity,
                     k=k)
                 ran = int(ran)

@@ -9,8 +9,13 @@ Capabilities (see ``papers/replug-notes-black-box.txt``):
 * ``TOP_LOGPROBS`` — only the n most likely next tokens: an *approximate* ensemble over the
   union of returned tokens (a token missing from a branch's top-n gets probability 0 there,
   so the mixture is a lower bound); results say so.
-* ``GENERATE_TEXT`` — text only: only "retrieve-and-prompt" is possible, which is not REPLUG;
-  the pipeline refuses ensemble operations on such a backend.
+* ``ENSEMBLE_DECODE`` — the LM runs REPLUG's whole coordinated decoding itself, given the
+  K branch prompts and λ (``generate_ensemble``: one compiled loop on the device, the mixture
+  of §3.2 at every step); without it the pipeline decodes token by token through
+  ``NEXT_TOKEN`` or ``TOP_LOGPROBS``.
+
+A backend that only returns text exposes none of these: only "retrieve-and-prompt" is possible
+there, which is not REPLUG, and the pipeline refuses ensemble operations in one line.
 
 Nothing an LM returns ever enters a gradient: scores are NumPy arrays.
 """
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -27,7 +31,7 @@ import numpy as np
 NEXT_TOKEN = "next_token_logprobs"
 SCORE = "score_continuations"
 TOP_LOGPROBS = "top_logprobs"
-GENERATE_TEXT = "generate_text"
+ENSEMBLE_DECODE = "ensemble_decode"
 
 
 class CapabilityError(RuntimeError):
@@ -77,15 +81,6 @@ class CostMeter:
     def diff(after: dict, before: dict) -> dict:
         return {k: round(after[k] - before[k], 4) if isinstance(after[k], float)
                 else after[k] - before[k] for k in after}
-
-
-class Timer:
-    def __enter__(self):
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.start
 
 
 @runtime_checkable

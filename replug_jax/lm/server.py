@@ -39,19 +39,33 @@ if TYPE_CHECKING:  # the limits are read by the CLI parser, which must not load 
 API_KEY_ENV = "REPLUG_SERVE_API_KEY"
 
 
+def _limit(default, help: str, zero_ok: bool = False):
+    return dataclasses.field(default=default, metadata={"help": help, "zero_ok": zero_ok})
+
+
 @dataclasses.dataclass
 class ServeLimits:
-    """What one request may ask for, and how requests are queued and batched."""
+    """What one request may ask for, and how requests are queued and batched (each field's
+    ``help`` is what ``replug serve --help`` prints)."""
 
-    max_prompts: int = 32  # prompts per request
-    max_tokens: int = 512  # new tokens per prompt
-    max_logprobs: int = 20  # top-n alternatives per token
-    max_prompt_logprobs: int = 20
-    max_body_bytes: int = 1 << 20
-    queue_size: int = 64  # requests waiting; beyond this, 429
-    max_batch: int = 16  # prompts sharing one batch (requests are never split)
-    batch_window_s: float = 0.01  # how long the worker gathers a batch
-    request_timeout_s: float = 300.0  # queue + compute, then 504
+    max_prompts: int = _limit(32, "prompts per request")
+    max_tokens: int = _limit(512, "new tokens per prompt")
+    max_logprobs: int = _limit(20, "top-n logprobs per token")
+    max_prompt_logprobs: int = _limit(20, "top-n prompt_logprobs per token")
+    max_body_bytes: int = _limit(1 << 20, "request body size in bytes")
+    queue_size: int = _limit(64, "requests waiting before the server answers 429")
+    max_batch: int = _limit(16, "prompts of concurrent requests run as one batch (requests "
+                            "are never split)")
+    batch_window_s: float = _limit(0.01, "seconds the worker waits to fill a batch",
+                                   zero_ok=True)
+    request_timeout_s: float = _limit(300.0, "seconds a request may wait and run before 504")
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not (value >= 0 if f.metadata["zero_ok"] else value > 0):
+                raise ValueError(f"--{f.name.replace('_', '-')} must be "
+                                 f"{'>= 0' if f.metadata['zero_ok'] else 'positive'}, got {value}")
 
 
 def _request_model():
@@ -327,7 +341,7 @@ def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
         rows += [rows[0]] * ((1 << (len(rows) - 1).bit_length()) - len(rows))
         g = lm.generate_ensemble(rows, np.zeros((len(rows), 1), np.float32),
                                  max_new_tokens=req0.max_tokens,
-                                 temperature=max(req0.temperature, 0.0), top_p=req0.top_p,
+                                 sampling_temperature=max(req0.temperature, 0.0), top_p=req0.top_p,
                                  stop=stop, seed=req0.seed or 0)
         for n, (j, i, _) in enumerate(flat):
             gen[j, i] = (g.token_ids[n], g.texts[n],
@@ -487,14 +501,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(lm: "FlaxLM", host: str = "127.0.0.1", port: int = 8000,
-          model_name: str | None = None, *, limits: ServeLimits | None = None,
-          api_key: str | None = None, insecure: bool = False) -> None:
-    """Run the server until interrupted; on SIGINT/SIGTERM, requests in flight finish."""
+def check_exposure(host: str, api_key: str | None, insecure: bool = False) -> None:
+    """Refuse to serve beyond the loopback interface without an API key (unless
+    ``insecure``): anyone who reaches the port could use the model."""
     if not is_loopback(host) and api_key is None and not insecure:
         raise ValueError(f"refusing to serve on {host} without an API key: anyone who reaches "
                          f"the port could use it; pass --api-key (or ${API_KEY_ENV}), or "
                          "--insecure")
+
+
+def serve(lm: "FlaxLM", host: str = "127.0.0.1", port: int = 8000,
+          model_name: str | None = None, *, limits: ServeLimits | None = None,
+          api_key: str | None = None, insecure: bool = False) -> None:
+    """Run the server until interrupted; on SIGINT/SIGTERM, requests in flight finish."""
+    check_exposure(host, api_key, insecure)
     uvicorn = require("uvicorn", "serve", "replug serve")
     limits = limits or ServeLimits()
     uvicorn.run(create_app(lm, model_name, limits=limits, api_key=api_key), host=host,

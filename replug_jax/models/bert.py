@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from replug_jax.models.layers import attention, fused_linear, linear
+from replug_jax.models.weights import transposed, unchanged
 
 Pooling = Literal["mean", "cls"]
 
@@ -183,3 +184,56 @@ def pool(hidden_BLD, attention_mask_BL, pooling: Pooling = "mean", normalize: bo
     if normalize:
         emb_BD = emb_BD / jnp.maximum(jnp.linalg.norm(emb_BD, axis=-1, keepdims=True), 1e-12)
     return emb_BD
+
+
+# -- checkpoints (the architecture interface of models.registry) ---------------------------
+
+def config_from_hf(hf: dict, tensor_names: set[str]) -> BertConfig:
+    return BertConfig.from_hf(hf, has_pooler="pooler.dense.weight" in tensor_names)
+
+
+def hf_tensors(tensors: dict) -> dict:
+    """Names of ``BertModel`` checkpoints as ``hf_name_map`` expects them: without the
+    ``bert.`` prefix of ``BertForPreTraining``, LayerNorm ``gamma/beta`` as ``weight/bias``."""
+    out = {}
+    for name, arr in tensors.items():
+        if name.startswith("bert."):
+            name = name[len("bert."):]
+        out[name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+            "LayerNorm.beta", "LayerNorm.bias")] = arr
+    return out
+
+
+def hf_ignored(name: str, cfg: BertConfig) -> bool:
+    """MLM / NSP heads of ``BertForPreTraining`` checkpoints, and the position_ids buffer."""
+    return name.startswith("cls.") or name.endswith("position_ids")
+
+
+def hf_name_map(cfg: BertConfig) -> dict:
+    """Our parameter path -> (HF tensor name, transform); each transform is its own inverse,
+    so :func:`~replug_jax.models.loading.export_retriever` writes through the same map."""
+    m = {("word_embed", "embedding"): ("embeddings.word_embeddings.weight", unchanged),
+         ("pos_embed", "embedding"): ("embeddings.position_embeddings.weight", unchanged),
+         ("type_embed", "embedding"): ("embeddings.token_type_embeddings.weight", unchanged),
+         ("embed_norm", "scale"): ("embeddings.LayerNorm.weight", unchanged),
+         ("embed_norm", "bias"): ("embeddings.LayerNorm.bias", unchanged)}
+    if cfg.has_pooler:
+        m[("pooler", "kernel")] = ("pooler.dense.weight", transposed)
+        m[("pooler", "bias")] = ("pooler.dense.bias", unchanged)
+    for i in range(cfg.num_layers):
+        p = f"encoder.layer.{i}."
+        for ours, theirs in (("query", "attention.self.query"), ("key", "attention.self.key"),
+                             ("value", "attention.self.value"),
+                             ("attn_out", "attention.output.dense"),
+                             ("intermediate", "intermediate.dense"), ("output", "output.dense")):
+            m[("layers", i, ours, "kernel")] = (p + theirs + ".weight", transposed)
+            m[("layers", i, ours, "bias")] = (p + theirs + ".bias", unchanged)
+        for ours, theirs in (("attn_norm", "attention.output.LayerNorm"),
+                             ("output_norm", "output.LayerNorm")):
+            m[("layers", i, ours, "scale")] = (p + theirs + ".weight", unchanged)
+            m[("layers", i, ours, "bias")] = (p + theirs + ".bias", unchanged)
+    return m
+
+
+def build(cfg: BertConfig, dtype, rngs: nnx.Rngs) -> BertEncoder:
+    return BertEncoder(cfg, dtype=dtype, rngs=rngs)

@@ -8,16 +8,18 @@ Hugging Face ``GPT2LMHeadModel`` configs and checkpoints onto it. HF's GPT-2 use
 from __future__ import annotations
 
 import numpy as np
+from flax import nnx
 
 from replug_jax.models.decoder import CausalLM, DecoderConfig
+from replug_jax.models.weights import unchanged
 
-__all__ = ["CausalLM", "config_from_hf", "hf_name_map", "IGNORED_HF_TENSORS"]
+__all__ = ["CausalLM", "config_from_hf", "hf_name_map", "hf_tensors", "hf_ignored", "build"]
 
 # Causal-mask buffers that old GPT-2 checkpoints saved as tensors; they hold no weights.
 IGNORED_HF_TENSORS = (".attn.bias", ".attn.masked_bias")
 
 
-def config_from_hf(hf: dict) -> DecoderConfig:
+def config_from_hf(hf: dict, tensor_names: set[str] = frozenset()) -> DecoderConfig:
     act = hf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         raise ValueError(f"unsupported GPT-2 activation_function {act!r}")
@@ -32,10 +34,6 @@ def config_from_hf(hf: dict) -> DecoderConfig:
         pad_token_id=hf.get("pad_token_id"))
 
 
-def _same(w):
-    return w
-
-
 def _split(part: int, d: int):
     return lambda w: np.ascontiguousarray(w[..., part * d:(part + 1) * d])
 
@@ -43,23 +41,38 @@ def _split(part: int, d: int):
 def hf_name_map(cfg: DecoderConfig) -> dict:
     """Our parameter path -> (HF tensor name without the ``transformer.`` prefix, transform)."""
     d = cfg.hidden_size
-    m = {("embed", "embedding"): ("wte.weight", _same),
-         ("pos_embed", "embedding"): ("wpe.weight", _same),
-         ("final_norm", "scale"): ("ln_f.weight", _same),
-         ("final_norm", "bias"): ("ln_f.bias", _same)}
+    m = {("embed", "embedding"): ("wte.weight", unchanged),
+         ("pos_embed", "embedding"): ("wpe.weight", unchanged),
+         ("final_norm", "scale"): ("ln_f.weight", unchanged),
+         ("final_norm", "bias"): ("ln_f.bias", unchanged)}
     for i in range(cfg.num_layers):
         p = f"h.{i}."
         L = ("layers", i)
         for norm, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-            m[L + (norm, "scale")] = (p + f"{theirs}.weight", _same)
-            m[L + (norm, "bias")] = (p + f"{theirs}.bias", _same)
+            m[L + (norm, "scale")] = (p + f"{theirs}.weight", unchanged)
+            m[L + (norm, "bias")] = (p + f"{theirs}.bias", unchanged)
         for j, name in enumerate(("q", "k", "v")):
             m[L + ("attn", name, "kernel")] = (p + "attn.c_attn.weight", _split(j, d))
             m[L + ("attn", name, "bias")] = (p + "attn.c_attn.bias", _split(j, d))
-        m[L + ("attn", "o", "kernel")] = (p + "attn.c_proj.weight", _same)
-        m[L + ("attn", "o", "bias")] = (p + "attn.c_proj.bias", _same)
-        m[L + ("mlp", "up", "kernel")] = (p + "mlp.c_fc.weight", _same)
-        m[L + ("mlp", "up", "bias")] = (p + "mlp.c_fc.bias", _same)
-        m[L + ("mlp", "down", "kernel")] = (p + "mlp.c_proj.weight", _same)
-        m[L + ("mlp", "down", "bias")] = (p + "mlp.c_proj.bias", _same)
+        m[L + ("attn", "o", "kernel")] = (p + "attn.c_proj.weight", unchanged)
+        m[L + ("attn", "o", "bias")] = (p + "attn.c_proj.bias", unchanged)
+        m[L + ("mlp", "up", "kernel")] = (p + "mlp.c_fc.weight", unchanged)
+        m[L + ("mlp", "up", "bias")] = (p + "mlp.c_fc.bias", unchanged)
+        m[L + ("mlp", "down", "kernel")] = (p + "mlp.c_proj.weight", unchanged)
+        m[L + ("mlp", "down", "bias")] = (p + "mlp.c_proj.bias", unchanged)
     return m
+
+
+def hf_tensors(tensors: dict) -> dict:
+    """Names without ``GPT2LMHeadModel``'s ``transformer.`` prefix."""
+    return {k[len("transformer."):] if k.startswith("transformer.") else k: v
+            for k, v in tensors.items()}
+
+
+def hf_ignored(name: str, cfg: DecoderConfig) -> bool:
+    """Old causal-mask buffers, and the tied head's saved copy of the embedding."""
+    return name.endswith(IGNORED_HF_TENSORS) or name == "lm_head.weight"
+
+
+def build(cfg: DecoderConfig, dtype, rngs: nnx.Rngs) -> CausalLM:
+    return CausalLM(cfg, dtype=dtype, rngs=rngs)

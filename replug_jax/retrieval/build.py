@@ -14,6 +14,7 @@ import numpy as np
 from replug_jax.fileio import replace_dir
 from replug_jax.retrieval.corpus import Passage, corpus_text
 from replug_jax.retrieval.embeddings import (
+    EMBED_SHARD_ROWS,
     EmbeddingSource,
     NpyRows,
     embed_store,
@@ -34,10 +35,55 @@ from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import barrier
 
 
+def corpus_store(corpus: str | pathlib.Path, out_dir: str | pathlib.Path, *,
+                 chunk_unit: str = "words", chunk_size: int = 100, overlap: int = 0,
+                 tokenizer=None, progress: bool = True):
+    """The passages of a corpus for :func:`build_index`: ``"demo"`` (the packaged corpus, in
+    memory), a passage store already made (``.arrow``: its path), or a corpus file chunked into
+    a store in ``<out_dir>.partial/`` (streamed one document at a time; reused when an
+    interrupted build already wrote it from the same file and options). With many processes,
+    process 0 chunks and the others wait for it."""
+    import json
+
+    from replug_jax.fileio import write_json_atomic
+    from replug_jax.retrieval.corpus import demo_corpus, iter_chunks, iter_documents
+    from replug_jax.retrieval.store import write_store
+
+    if str(corpus) == "demo":
+        return demo_corpus(size=chunk_size, overlap=overlap)
+    corpus = pathlib.Path(corpus)
+    if corpus.suffix == ".arrow":
+        return corpus
+    out_dir = pathlib.Path(out_dir)
+    work = out_dir.with_name(out_dir.name + ".partial")
+    work.mkdir(parents=True, exist_ok=True)
+    st = corpus.stat()
+    spec = {"corpus": str(corpus.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "chunk_unit": chunk_unit, "chunk_size": chunk_size, "overlap": overlap}
+    spec_path, store_path = work / "corpus_spec.json", work / STORE
+
+    def reusable() -> bool:
+        if not spec_path.exists() or json.loads(spec_path.read_text()) != spec:
+            return False
+        try:
+            PassageStore.open(store_path)
+            return True
+        except ValueError:
+            return False
+
+    if jax.process_index() == 0 and not reusable():
+        write_store(iter_chunks(iter_documents(corpus), size=chunk_size, overlap=overlap,
+                                unit=chunk_unit, tokenizer=tokenizer),
+                    store_path, progress=progress)
+        write_json_atomic(spec, spec_path)
+    barrier("replug_passages")
+    return store_path
+
+
 def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
                 retriever, out_dir: str | pathlib.Path, *, factory: str = "Flat",
                 nprobe: int = 16, embeddings: str | pathlib.Path | None = None,
-                num_shards: int = 1, embed_shard_rows: int = 65536,
+                num_shards: int = 1, embed_shard_rows: int = EMBED_SHARD_ROWS,
                 train_size: int | None = None, rerank: int = 0, progress: bool = True,
                 extra: dict | None = None, on_shard: Callable[[int], None] | None = None,
                 gpu: str = "auto", target_recall: float | None = None,

@@ -18,6 +18,8 @@ from replug_jax.retrieval.integrity import IndexLoadError, sample_offsets, sampl
 from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import barrier
 
+EMBED_SHARD_ROWS = 65536  # passages per embedding shard (the unit of resumption and of work split)
+
 
 class NpyRows:
     """Rows of a 2-D ``.npy`` file read with ``pread`` rather than a memory map: what a build
@@ -127,7 +129,7 @@ def embeddings_key(path: str | pathlib.Path) -> dict:
 
 
 def embed_store(store: PassageStore, retriever, emb_dir: pathlib.Path, *,
-                shard_rows: int = 65536, params=None, progress: bool = True,
+                shard_rows: int = EMBED_SHARD_ROWS, params=None, progress: bool = True,
                 process_index: int = 0, process_count: int = 1,
                 on_shard: Callable[[int], None] | None = None) -> list[pathlib.Path]:
     """Embed the store into ``emb_dir/emb-XXXXX.npy``, ``shard_rows`` passages per file.

@@ -21,7 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from replug_jax.fileio import write_json_atomic
-from replug_jax.models import RetrieverModel, load_retriever
+from replug_jax.models import DEFAULT_RETRIEVER, RetrieverModel, load_retriever
 from replug_jax.models.bert import embed, embeds_normalized
 from replug_jax.models.params import split_params, to_module
 
@@ -57,7 +57,7 @@ class Retriever:
     def __init__(self, model: RetrieverModel, *, similarity: str = "cosine",
                  max_length: int = 512, batch_size: int | None = None, devices=None,
                  query_max_length: int | None = None, query_truncation: str = "left",
-                 temperature: float | None = None):
+                 retrieval_temperature: float | None = None):
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
         if query_truncation not in ("left", "right"):
@@ -71,11 +71,12 @@ class Retriever:
         self.query_max_length = min(query_max_length or self.max_length,
                                     model.config.max_position)
         self.query_truncation = query_truncation
-        if temperature is not None and not temperature > 0:
-            raise ValueError(f"the inference temperature must be > 0, got {temperature}")
+        if retrieval_temperature is not None and not retrieval_temperature > 0:
+            raise ValueError(f"the retrieval temperature must be > 0, got "
+                             f"{retrieval_temperature}")
         # The τ of λ = softmax(s / τ) fitted for this retriever on dev data (replug.json), which
         # Replug uses unless told otherwise; None: no fitted value, REPLUG's τ = 1 applies.
-        self.temperature = temperature
+        self.retrieval_temperature = retrieval_temperature
         self.mesh = _local_mesh(devices)
         n_dev = 1 if self.mesh is None else self.mesh.devices.size
         batch_size = batch_size or default_batch_size()
@@ -96,7 +97,7 @@ class Retriever:
         self._encode = _encode
 
     @classmethod
-    def load(cls, source: str = "minilm", **kwargs) -> "Retriever":
+    def load(cls, source: str = DEFAULT_RETRIEVER, **kwargs) -> "Retriever":
         """A retriever from any source; a folder exported from an LSR run brings its
         ``replug.json`` (similarity, the sequence lengths it was trained with and, once
         fitted, its inference temperature), which ``kwargs`` may still override."""
@@ -106,8 +107,21 @@ class Retriever:
             kwargs = {"similarity": trained["similarity"],
                       "max_length": trained["doc_max_length"],
                       "query_max_length": trained["query_max_length"],
-                      "temperature": trained.get("temperature"), **kwargs}
+                      "retrieval_temperature": trained.get("temperature"), **kwargs}
         return cls(load_retriever(source), **kwargs)
+
+    @classmethod
+    def for_index(cls, directory: str | pathlib.Path, source: str | None = None):
+        """The query encoder an index was built with (recorded in its manifest; ``source``
+        overrides the weights, not the pooling or similarity) and the index, loaded and
+        checked against it: ``(retriever, index)``."""
+        from replug_jax.retrieval.faiss_index import Index
+
+        enc = Index.info(directory)["encoder"]
+        retriever = cls.load(source or enc.get("source", DEFAULT_RETRIEVER),
+                             similarity=enc.get("similarity", "cosine"),
+                             max_length=enc.get("max_length", 512))
+        return retriever, Index.load(directory, expect_encoder=retriever.identity)
 
     @property
     def dim(self) -> int:

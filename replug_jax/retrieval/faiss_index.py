@@ -45,6 +45,7 @@ INDEX_VERSION = 3  # 3: build key with every shard setting, sampled hashes
 
 
 STORE = "passages.arrow"
+ADD_BATCH = 65536  # vectors added to a FAISS index (or written for re-ranking) at a time
 
 
 def set_nprobe_of(index, nprobe: int) -> bool:
@@ -75,7 +76,7 @@ def train_size_for(base, n: int) -> int:
 
 
 def build_faiss(source: EmbeddingSource, lo: int, hi: int, factory: str = "Flat", *,
-                nprobe: int = 16, train_size: int | None = None, add_batch: int = 65536,
+                nprobe: int = 16, train_size: int | None = None, add_batch: int = ADD_BATCH,
                 seed: int = 0, progress: bool = False):
     """A FAISS index of rows ``lo..hi-1`` of ``source``: trained on a seeded sample, filled in
     batches of ``add_batch`` rows (labels ``0..hi-lo-1``)."""
@@ -283,6 +284,20 @@ class Index:
                 "bytes": sum(f["size"] for f in manifest.get("files", {}).values())}
 
     @classmethod
+    def info(cls, directory: str | pathlib.Path) -> dict:
+        """What an index's manifest records, without loading it: size, factory, shards,
+        bytes, search defaults, encoder, corpus, the recall measured at build or tuning."""
+        m = cls._read_manifest(pathlib.Path(directory))
+        return {"index": str(directory), "n": m["n"], "dim": m["dim"], "factory": m["factory"],
+                "shards": len(m["shards"]),
+                "bytes": sum(f["size"] for f in m.get("files", {}).values()),
+                "nprobe": m.get("nprobe"), "rerank_factor": m.get("rerank_factor", 0),
+                "rerank_vectors": m.get("rerank_vectors", False),
+                "encoder": m.get("encoder", {}), "recall": m.get("recall"),
+                "build_seconds": m.get("build_seconds"), "corpus": m.get("corpus"),
+                "corpus_checksum": m.get("corpus_checksum")}
+
+    @classmethod
     def load(cls, directory: str | pathlib.Path, *, expect_encoder: dict | None = None,
              expect_corpus_checksum: str | None = None, mmap: bool = True,
              gpu: str = "auto") -> "Index":
@@ -398,7 +413,7 @@ def _exact_scores(q_BD: np.ndarray, vectors: "NpyRows", rows_BF: np.ndarray) -> 
 
 
 def _write_vectors(path: pathlib.Path, source: "EmbeddingSource", lo: int, hi: int,
-                   dtype: str = "float16", batch: int = 65536) -> None:
+                   dtype: str = "float16", batch: int = ADD_BATCH) -> None:
     """Rows ``lo..hi-1`` of ``source`` as a float16 (or float32) ``.npy`` for re-ranking."""
     with atomic_path(path, suffix=".npy") as tmp, open(tmp, "wb") as f:
         # streamed with write(), not a memory map: written pages never count as ours

@@ -40,54 +40,62 @@ def block_rows(num_queries: int, n: int, scores_bytes: int = SCORES_BYTES) -> in
     return min(rows, n)
 
 
-def two_stage_topk(s_BN, k: int, bin_rows: int = BIN_ROWS):
-    """Exact top-``k`` of each row of ``s_BN`` in two stages: the maxima of bins of
-    ``bin_rows`` columns, the top-``k`` bins by their maximum, then the top-``k`` of those
-    bins' ``k · bin_rows`` columns. Exact: a member of the true top-k has a score ≥ the k-th
-    score, so its bin's maximum is ≥ it, and fewer than k bins hold a larger maximum (each
-    holds a distinct larger member). Cheaper than one ``lax.top_k`` over N, which sorts whole
-    rows on GPU when k > 16. ``N`` must be a multiple of ``bin_rows``. Returns
-    ``(values [B, k], columns [B, k])``."""
-    b, n = s_BN.shape
+def two_stage_topk(s_NB, k: int, bin_rows: int = BIN_ROWS):
+    """Exact top-``k`` of each column of ``s_NB`` (scores of N corpus rows for B queries, the
+    layout the corpus-major matmul ``c_ND @ q_BD.T`` writes, measured faster on CPU than
+    ``q @ c.T``) in two stages: the maxima of bins of ``bin_rows`` rows, the top-``k`` bins by
+    their maximum, then the top-``k`` of those bins' ``k · bin_rows`` scores. Exact: a member
+    of the true top-k has a score ≥ the k-th score, so its bin's maximum is ≥ it, and fewer
+    than k bins hold a larger maximum (each holds a distinct larger member). Cheaper than one
+    ``lax.top_k`` over N, which sorts whole rows on GPU when k > 16. ``N`` must be a multiple
+    of ``bin_rows``. Returns ``(values [B, k], rows [B, k])``."""
+    n, b = s_NB.shape
     n_bins = n // bin_rows
-    if n_bins <= k:  # the candidates would be every column
-        return jax.lax.top_k(s_BN, k)
-    s_BGR = s_BN.reshape(b, n_bins, bin_rows)
-    _, bins_Bk = jax.lax.top_k(s_BGR.max(axis=-1), k)
-    cand_BC = jnp.take_along_axis(s_BGR, bins_Bk[:, :, None], axis=1).reshape(b, -1)
-    vals, pos = jax.lax.top_k(cand_BC, k)
-    cols = jnp.take_along_axis(bins_Bk, pos // bin_rows, axis=1) * bin_rows + pos % bin_rows
-    return vals, cols
+    if n_bins <= k:  # the candidates would be every row
+        return jax.lax.top_k(s_NB.T, k)
+    s_GRB = s_NB.reshape(n_bins, bin_rows, b)
+    _, bins_Bk = jax.lax.top_k(s_GRB.max(axis=1).T, k)
+    cand_BkR = s_GRB[bins_Bk, :, jnp.arange(b)[:, None]]
+    vals, pos = jax.lax.top_k(cand_BkR.reshape(b, -1), k)
+    rows = jnp.take_along_axis(bins_Bk, pos // bin_rows, axis=1) * bin_rows + pos % bin_rows
+    return vals, rows
 
 
 def _blocked_topk(q_BD, c_ND, k: int, block: int | None, n_valid, offset,
                   bin_rows: int = BIN_ROWS):
-    """Top-k of ``q_BD @ c_ND.T`` scanning ``c_ND`` in blocks of ``block`` rows (default
+    """Top-k of ``q_BD @ c_ND.T`` scanning ``c_ND`` in blocks of about ``block`` rows (default
     :func:`block_rows`: memory ``O(B·block)``), each block's top-k by
-    :func:`two_stage_topk`; rows at or past ``n_valid`` (a traced bound: the corpus's padding
-    rows) are ignored and ``offset`` is added to the returned row numbers. The blocks' own
-    padding (``c_ND`` cut into whole blocks) is never visible, whatever ``n_valid`` says: on a
-    device that is not the last, ``n_valid`` exceeds its own row count."""
+    :func:`two_stage_topk`; rows at or past ``n_valid`` (the corpus's padding rows; traced in
+    the sharded search) are ignored and ``offset`` is added to the returned row numbers.
+
+    The corpus is never padded or copied: block ``i`` is a window of ``c_ND`` starting at
+    ``min(i·block, N − block)``, and the rows of the last window that an earlier block already
+    scanned are hidden, so every row is seen once, whatever ``n_valid`` says (on a device that
+    is not the last, ``n_valid`` exceeds its own row count)."""
     n = c_ND.shape[0]
     block = min(block or block_rows(q_BD.shape[0], n), n)
     bin_rows = min(bin_rows, block)
-    block = -(-block // bin_rows) * bin_rows
+    block = block // bin_rows * bin_rows
     n_blocks = -(-n // block)
-    c_blocks = jnp.pad(c_ND, ((0, n_blocks * block - n), (0, 0))).reshape(n_blocks, block, -1)
-    starts = jnp.arange(n_blocks) * block
     kb = min(k, block)
-    limit = jnp.minimum(n_valid, n)
+    q_BD = q_BD.astype(c_ND.dtype)
+    static_limit = isinstance(n_valid, int) and n_valid >= n
 
-    def one_block(args):
-        cb, start = args
-        s = jnp.dot(q_BD.astype(cb.dtype), cb.T, preferred_element_type=jnp.float32)
-        s = jnp.where(start + jnp.arange(block)[None, :] < limit, s, -jnp.inf)
-        vals, idx = two_stage_topk(s, kb, bin_rows)
+    def one_block(i):
+        nominal = i * block
+        start = jnp.minimum(nominal, n - block)
+        cb = jax.lax.dynamic_slice_in_dim(c_ND, start, block)
+        s_RB = jnp.dot(cb, q_BD.T, preferred_element_type=jnp.float32)
+        if n_blocks > 1 or not static_limit:
+            rows = start + jnp.arange(block)[:, None]
+            s_RB = jnp.where((rows >= nominal) & (rows < jnp.minimum(n_valid, n)), s_RB,
+                             -jnp.inf)
+        vals, idx = two_stage_topk(s_RB, kb, bin_rows)
         return vals, idx + start + offset
 
     if n_blocks == 1:  # no scan: one matmul, sorted top-kb already
-        return one_block((c_blocks[0], starts[0]))
-    vals, idx = jax.lax.map(one_block, (c_blocks, starts))  # [nb, B, kb]
+        return one_block(0)
+    vals, idx = jax.lax.map(one_block, jnp.arange(n_blocks))  # [nb, B, kb]
     vals = jnp.moveaxis(vals, 0, 1).reshape(q_BD.shape[0], -1)
     idx = jnp.moveaxis(idx, 0, 1).reshape(q_BD.shape[0], -1)
     return _merge(vals, idx, k)

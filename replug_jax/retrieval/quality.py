@@ -14,6 +14,7 @@ lower bound reaches the target.
 
 from __future__ import annotations
 
+import pathlib
 import time
 from typing import Sequence
 
@@ -23,11 +24,13 @@ from replug_jax.retrieval.embeddings import EmbeddingSource
 from replug_jax.retrieval.faiss_index import Index
 
 NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+EXACT_BLOCK_ROWS = 65536  # corpus rows scored per block of the exact search
 RERANKS = (0, 2, 4, 8, 16, 32, 64, 128)
 
 
 def exact_neighbours(source: EmbeddingSource, queries_QD: np.ndarray, k: int, *,
-                     exclude_rows: np.ndarray | None = None, block: int = 65536) -> np.ndarray:
+                     exclude_rows: np.ndarray | None = None,
+                     block: int = EXACT_BLOCK_ROWS) -> np.ndarray:
     """``[Q, k]`` rows of the exact inner-product top-k over ``source``, one pass in blocks
     (each query's ``exclude_rows`` entry, if given, never returned)."""
     q = np.asarray(queries_QD, np.float32)
@@ -163,3 +166,54 @@ def recall_report(index: Index, source: EmbeddingSource, *, k: int = 10,
     out["at"] = {str(kk): measure(index, queries_QD, exact, kk, exclude_rows=exclude)
                  for kk in ks}
     return out
+
+
+def read_queries(path: pathlib.Path, retriever=None) -> np.ndarray:
+    """Recall queries from a file: an ``[Q, D]`` ``.npy`` of vectors, or text, one query per
+    line, embedded with ``retriever``'s query encoder."""
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False).astype(np.float32)
+    lines = [t for t in path.read_text(encoding="utf-8").splitlines() if t.strip()]
+    if not lines:
+        raise ValueError(f"{path}: no queries")
+    return retriever.encode_queries(lines)
+
+
+def tune_index(directory: pathlib.Path, embeddings: pathlib.Path, *, target: float,
+               queries_QD: np.ndarray | None = None, recall_k: int | None = None,
+               sample: int = 256) -> dict:
+    """Tune a built index to ``target`` recall@10 against exact search over ``embeddings``
+    (the ``[N, D]`` vectors it was built from) and record the setting and the measurement as
+    its manifest's defaults. Returns the new manifest."""
+    from replug_jax.fileio import write_json_atomic
+
+    index = Index.load(directory)
+    source = EmbeddingSource.from_files([embeddings], n=len(index), dim=index.manifest["dim"])
+    index.manifest["recall"] = recall_report(index, source, k=10, user_k=recall_k,
+                                             queries_QD=queries_QD, sample=sample,
+                                             target=target)
+    write_json_atomic(index.manifest, pathlib.Path(directory) / "manifest.json")
+    return index.manifest
+
+
+def describe(manifest: dict) -> str:
+    """The recall an index manifest records (and its tuning), as lines of text."""
+    r = manifest.get("recall")
+    if not r:
+        return "\nrecall: exact search (Flat)" if manifest.get("factory") == "Flat" else ""
+    out = [f"\nrecall against exact search ({r['n']} queries: {r['queries']}; 95 % "
+           f"bootstrap interval), nprobe {manifest.get('nprobe')}, re-rank "
+           f"×{manifest.get('rerank_factor', 0)}:"]
+    for k, v in r["at"].items():
+        out.append(f"  recall@{k} {v['recall']:.3f} [{v['low']:.3f}, {v['high']:.3f}], "
+                   f"{v['qps']:.0f} queries/s")
+    t = r.get("tuning")
+    if t:
+        out.append(f"  tuned for recall@{r.get('tuned_k', 10)} ≥ {t['target']} (interval's "
+                   "lower bound): "
+                   + ("reached" if t["reached"] else "NOT reached (the best setting is kept; "
+                      "raise --rerank candidates, use finer PQ codes or Flat)"))
+        out.append("  frontier (nprobe, re-rank: recall@10 lower bound, ms/query): " + "; ".join(
+            f"{f['nprobe']}, ×{f['rerank']}: {f['recall_low']:.3f}, "
+            f"{1e3 * f['seconds_per_query']:.2f}" for f in t["frontier"]))
+    return "\n".join(out)

@@ -29,6 +29,7 @@ STORE_FORMAT = 1
 SCHEMA = pa.schema([("id", pa.int64()), ("text", pa.string()), ("title", pa.string()),
                     ("source_id", pa.string()), ("start", pa.int64()), ("end", pa.int64())])
 _FIELDS = [f.name for f in SCHEMA]
+BATCH_ROWS = 65536  # passages per Arrow record batch
 
 
 def _batch(rows: list[Passage]) -> pa.RecordBatch:
@@ -57,7 +58,7 @@ class _Tally:
 
 
 def write_store(passages: Iterable[Passage], path: str | pathlib.Path, *,
-                batch_rows: int = 65536, progress: bool = False) -> dict:
+                batch_rows: int = BATCH_ROWS, progress: bool = False) -> dict:
     """Stream ``passages`` into ``path`` (``.arrow``) and its ``.json`` sidecar; returns the
     sidecar (``n``, ``checksum``, ``batch_rows``, ``contiguous_from``)."""
     from tqdm.auto import tqdm
@@ -138,7 +139,7 @@ class PassageStore:
         return cls(None, meta, reader=reader, name=str(path))
 
     @classmethod
-    def from_passages(cls, passages: Sequence[Passage], batch_rows: int = 65536
+    def from_passages(cls, passages: Sequence[Passage], batch_rows: int = BATCH_ROWS
                       ) -> "PassageStore":
         passages = list(passages)
         if not passages:

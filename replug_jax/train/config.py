@@ -8,13 +8,14 @@ import json
 from typing import Literal
 
 from replug_jax import config
+from replug_jax.models.registry import DEFAULT_LM
 
 
 @dataclasses.dataclass(frozen=True)
 class LSRConfig:
     # models
     retriever: str = "facebook/contriever"  # paper: Contriever
-    lm: str = "smollm2"  # paper: GPT-3 Curie (any LMScorer works; an API via lm_api_base)
+    lm: str = DEFAULT_LM  # paper: GPT-3 Curie (any LMScorer works; an API via lm_api_base)
     lm_api_base: str | None = None
     similarity: Literal["cosine", "dot"] = "cosine"  # Eq. 1; the official code used dot
     # data

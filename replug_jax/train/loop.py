@@ -14,11 +14,14 @@ missing. A corrupt latest checkpoint falls back to the previous one, with a warn
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
 import time
 import warnings
+from typing import Callable
 
 import jax
 import numpy as np
@@ -36,6 +39,37 @@ from replug_jax.models.params import split_params, to_module
 from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
 from replug_jax.train.refresh import IndexRefresher
 from replug_jax.train.supervision import LMScoreCache, lm_scores
+
+
+def _quietly(fn, *args):
+    """``fn(*args)`` with warnings off: truncated long queries and exclusions that leave fewer
+    than k passages are expected in training and would repeat at every step."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args)
+
+
+@dataclasses.dataclass
+class Hook:
+    """``fn(step, record)`` after every ``every``-th step (and after the last step of a call
+    to :meth:`LSRTrainer.run` if ``at_end``); ``record`` is the step's metrics."""
+
+    fn: Callable[[int, dict], None]
+    every: int = 1
+    at_end: bool = False
+
+    def due(self, done: int, end: int) -> bool:
+        return done % self.every == 0 or (self.at_end and done == end)
+
+
+def _scalars_to(writer) -> Callable[[int, dict], None]:
+    """A hook writing a record's numbers to a TensorBoard writer."""
+    def write(step: int, record: dict) -> None:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)):
+                writer.add_scalar(key, value, step)
+
+    return write
 
 
 def end_step(cfg: LSRConfig, start: int, stop_after: int | None) -> int:
@@ -94,6 +128,15 @@ class LSRTrainer:
                                         self.mesh, lambda: host_copy(self.state.params),
                                         self.pid, self.pcount)
         self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
+        self.hooks: list[Hook] = []
+
+    def add_hook(self, fn: Callable[[int, dict], None], every: int = 1,
+                 at_end: bool = False) -> None:
+        """Call ``fn(step, record)`` after every ``every``-th step (see :class:`Hook`), after
+        the trainer's own hooks (metrics log, TensorBoard, checkpoint)."""
+        if every <= 0:
+            raise ValueError(f"every must be positive, got {every}")
+        self.hooks.append(Hook(fn, every, at_end))
 
     @property
     def index(self) -> Index | DeviceIndex | None:
@@ -152,17 +195,13 @@ class LSRTrainer:
         examples = [self.train[i] for i in idx][local_rows(len(idx))]  # this process's rows
         params = self.state.params if self.pcount == 1 else host_copy(self.state.params)
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            hits = self._search(queries, cfg.k, [self.train[i] for i in idx])
+        hits = _quietly(self._search, queries, cfg.k, [self.train[i] for i in idx])
         t0 = time.perf_counter()
         scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
                                 cfg.separator, cfg.lm_score)
         lm_seconds = time.perf_counter() - t0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # long queries are expected: their end is kept
-            q_ids, q_mask = self._tokenize([e.query for e in examples], cfg.query_max_length,
-                                           self.retriever.query_truncation)
+        q_ids, q_mask = _quietly(self._tokenize, [e.query for e in examples],
+                                 cfg.query_max_length, self.retriever.query_truncation)
         docs = [corpus_text(self.by_id[int(d)]) if d >= 0 else "" for d in hits.ids.reshape(-1)]
         d_ids, d_mask = self._tokenize(docs, cfg.doc_max_length)
         b, k = hits.ids.shape
@@ -210,78 +249,79 @@ class LSRTrainer:
             write_text_atomic("".join(line + "\n" for line in kept), path)
         return path
 
+    def step(self, step: int) -> dict:
+        """One LSR step at ``step``: the index refresh due, the batch (retrieval, LM scores),
+        the jitted update. Returns the step's metrics record."""
+        t0 = time.perf_counter()
+        refresh_wait = self.refresher.step(step)
+        self.versions_used[step] = self.index_version
+        batch, info = self._batch(step)
+        self.state, metrics = self.train_step(self.state, shard_batch(batch, self.mesh))
+        record = {"step": step, **{k: float(v) for k, v in host_copy(metrics).items()},
+                  "index_version": self.index_version,
+                  "refresh_wait_seconds": round(refresh_wait, 4),
+                  "lm_new_pairs": info["lm_new_pairs"], "lm_seconds": round(info["lm_seconds"], 4),
+                  "step_seconds": round(time.perf_counter() - t0, 4)}
+        if info["gold_in_topk"] is not None:
+            record["gold_in_topk"] = info["gold_in_topk"]
+        return record
+
+    def _tensorboard(self, log_path: pathlib.Path):
+        """A TensorBoard writer (process 0, when ``tensorboardX`` is installed), else None."""
+        if self.pid != 0:
+            return None
+        if importlib.util.find_spec("tensorboardX") is None:
+            if self.progress:
+                print("note: TensorBoard logging is off (pip install 'replug-jax[tensorboard]'); "
+                      f"metrics still go to {log_path}")
+            return None
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter(str(self.workdir / "tb"))
+
     def run(self, stop_after: int | None = None, on_step=None) -> dict:
         """Train to ``cfg.total_steps`` (or ``stop_after`` steps from the start of this call).
 
-        ``on_step(step, record)`` is called after each step is logged and checkpointed."""
+        After each step the hooks run in order: the metrics log, TensorBoard, the checkpoint
+        (every ``checkpoint_every`` steps and at the end), those of :meth:`add_hook`, then
+        ``on_step(step, record)``."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         start, meta = self.restore()
-        refresher = self.refresher
-        if meta is None:
-            refresher.version = 0
-            refresher.index = refresher.build(0, refresher.snapshot(0))
-        else:
-            refresher.version = meta["index_version"]
-            refresher.index = refresher.build(refresher.version, None)  # loads what is saved
-            if meta.get("pending"):
-                p = meta["pending"]
-                refresher.start(p["version"], p["start_step"],
-                                refresher.load_snapshot(p["version"], self.state.params))
-        if cfg.prescore_pool and start < end_step(cfg, start, stop_after):
-            self.prescore(start, end_step(cfg, start, stop_after))
+        self.refresher.resume(meta, self.state.params)
+        end = end_step(cfg, start, stop_after)
+        if cfg.prescore_pool and start < end:
+            self.prescore(start, end)
         if self.dev and "initial" not in self._dev_metrics():
             # The untrained retriever on dev, once per work directory (the model card's baseline).
             self._write_once({"initial": self.evaluate(self.dev)} if start == 0 else
                              {"initial": None, "note": "resumed before a baseline was taken"},
                              self.workdir / "dev_metrics.json")
         log_path = self._metrics_log(start)
-        writer = None
-        try:
-            if self.pid != 0:
-                raise ImportError  # one process logs
-            from tensorboardX import SummaryWriter
-
-            writer = SummaryWriter(str(self.workdir / "tb"))
-        except ImportError:
-            if self.progress and self.pid == 0:
-                print("note: TensorBoard logging is off (pip install 'replug-jax[tensorboard]'); "
-                      f"metrics still go to {log_path}")
-        end = end_step(cfg, start, stop_after)
         bar = tqdm(range(start, end), initial=start, total=cfg.total_steps, desc="LSR",
                    disable=not self.progress or self.pid != 0)
         last = {}
         with open(log_path if self.pid == 0 else os.devnull, "a") as log:
-            for step in bar:
-                t0 = time.perf_counter()
-                refresh_wait = self.refresher.step(step)
-                self.versions_used[step] = self.index_version
-                batch, info = self._batch(step)
-                self.state, metrics = self.train_step(self.state, shard_batch(batch, self.mesh))
-                metrics = {k: float(v) for k, v in host_copy(metrics).items()}
-                record = {"step": step, **metrics, "index_version": self.index_version,
-                          "refresh_wait_seconds": round(refresh_wait, 4),
-                          "lm_new_pairs": info["lm_new_pairs"],
-                          "lm_seconds": round(info["lm_seconds"], 4),
-                          "step_seconds": round(time.perf_counter() - t0, 4)}
-                if info["gold_in_topk"] is not None:
-                    record["gold_in_topk"] = info["gold_in_topk"]
-                log.write(json.dumps(record) + "\n")
-                log.flush()
+            writer = self._tensorboard(log_path)
+            hooks = [Hook(lambda step, record: (log.write(json.dumps(record) + "\n"),
+                                                log.flush())),
+                     *([Hook(_scalars_to(writer))] if writer is not None else []),
+                     Hook(lambda step, record: bar.set_postfix(
+                         loss=f"{record['loss']:.4f}", v=record["index_version"])),
+                     Hook(lambda step, record: self._save(step + 1), cfg.checkpoint_every,
+                          at_end=True),
+                     *self.hooks,
+                     *([Hook(on_step)] if on_step is not None else [])]
+            try:
+                for step in bar:
+                    last = self.step(step)
+                    for hook in hooks:
+                        if hook.due(step + 1, end):
+                            hook.fn(step, last)
+            finally:
                 if writer is not None:
-                    for key, value in record.items():
-                        if key != "step" and isinstance(value, (int, float)):
-                            writer.add_scalar(key, value, step)
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}", v=self.index_version)
-                last = record
-                done = step + 1
-                if done % cfg.checkpoint_every == 0 or done == end:
-                    self._save(done)
-                if on_step is not None:
-                    on_step(step, record)
-        if writer is not None:
-            writer.close()
+                    writer.close()
         result = {"step": end, "last": last, "lm_cache_hits": self.cache.hits,
                   "lm_cache_misses": self.cache.misses}
         if self.dev and end == cfg.total_steps:
@@ -307,9 +347,7 @@ class LSRTrainer:
         t0 = time.perf_counter()
         queries = self.retriever.encode_queries([e.query for e in examples],
                                                 params=host_copy(self.state.params))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            hits = self.index.search(queries, cfg.prescore_pool, self._excluded(examples))
+        hits = _quietly(self.index.search, queries, cfg.prescore_pool, self._excluded(examples))
         new = 0
         for i in range(0, len(examples), max(1, chunk // cfg.prescore_pool)):
             part = slice(i, i + max(1, chunk // cfg.prescore_pool))
@@ -337,9 +375,7 @@ class LSRTrainer:
         emb = self.retriever.encode([corpus_text(p) for p in self.passages], params=params)
         index = Index.build(emb, self.store)
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            hits = index.search(queries, max(k, 5), self._excluded(examples))  # recall@5 always
+        hits = _quietly(index.search, queries, max(k, 5), self._excluded(examples))  # recall@5
         out = {"examples": len(examples)}
         gold = [e.gold_doc for e in examples]
         if all(g is not None for g in gold):

@@ -126,6 +126,20 @@ class IndexRefresher:
         emb_path.unlink(missing_ok=True)
         return index
 
+    def resume(self, meta: dict | None, params) -> None:
+        """Open the index a run starts from: version 0 built from ``params`` for a new run
+        (``meta`` None), else the version a checkpoint's ``meta`` recorded, with the refresh
+        it had in flight restarted."""
+        if meta is None:
+            self.version = 0
+            self.index = self.build(0, self.snapshot(0))
+            return
+        self.version = meta["index_version"]
+        self.index = self.build(self.version, None)  # loads what is saved
+        if meta.get("pending"):
+            p = meta["pending"]
+            self.start(p["version"], p["start_step"], self.load_snapshot(p["version"], params))
+
     def start(self, version: int, start_step: int, params: dict | None = None) -> None:
         params = self.snapshot(version) if params is None else params
         job = _Refresh(version, start_step)

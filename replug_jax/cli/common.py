@@ -1,0 +1,117 @@
+"""What every ``replug`` sub-command shares: the parser class (errors in one line), argument
+types that check values as they are parsed, ``--json``, output, and the JAX setup."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``replug: error: …``, exit 2)."""
+
+    def error(self, message: str):
+        print(f"replug: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _number(kind, test, what: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _number(int, lambda v: v > 0, "positive")
+non_negative_int = _number(int, lambda v: v >= 0, ">= 0")
+positive_float = _number(float, lambda v: v > 0, "positive")
+non_negative_float = _number(float, lambda v: v >= 0, ">= 0")
+unit_interval = _number(float, lambda v: 0 < v <= 1, "in (0, 1]")
+port_number = _number(int, lambda v: 0 < v < 65536, "in 1..65535")
+
+
+def existing_file(text: str) -> pathlib.Path:
+    path = pathlib.Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return path
+
+
+def existing_dir(text: str) -> pathlib.Path:
+    path = pathlib.Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such directory")
+    return path
+
+
+def index_dir(text: str) -> pathlib.Path:
+    path = pathlib.Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such index directory")
+    return path
+
+
+def add_api_args(p, timeout: float, retries: int) -> None:
+    """How to reach an OpenAI-compatible server (shared with ``replug api check``)."""
+    p.add_argument("--api-model", default=None, help="model name sent to the API")
+    p.add_argument("--api-endpoint", choices=("completions", "chat"), default="completions",
+                   help="completions (default): /v1/completions with the raw prompt; chat: "
+                   "/v1/chat/completions with the prompt as one user turn (the server applies "
+                   "its chat template) and the text generated so far as a final assistant "
+                   "message to continue. Chat endpoints give no prompt log-probs, so scoring "
+                   "needs completions. The server is probed first (`replug api check`)")
+    p.add_argument("--api-timeout", type=positive_float, default=timeout,
+                   help=f"timeout per request in seconds (default {timeout:g})")
+    p.add_argument("--api-retries", type=non_negative_int, default=retries,
+                   help="retries of an API request after a 429, a 5xx, a timeout or a failed "
+                   f"connection (exponential backoff from 0.5 s; default {retries})")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print machine-readable JSON instead of text")
+
+
+def emit(args, obj, text: str) -> None:
+    """``obj`` as one JSON line with ``--json``, else ``text``."""
+    print(json.dumps(obj, ensure_ascii=False) if args.json else text)
+
+
+def setup_jax() -> None:
+    """Persistent compilation cache, so repeated runs skip XLA compilation."""
+    import jax
+
+    if jax.config.jax_compilation_cache_dir:  # already chosen by the caller (e.g. tests)
+        return
+    cache = os.environ.get("REPLUG_JAX_CACHE_DIR",
+                           str(pathlib.Path.home() / ".cache" / "replug_jax" / "jax"))
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def format_generation(r, title: str) -> str:
+    """A generation with its note, its sources and λ, and its cost, as lines of text."""
+    lines = [f"{title}: {r.text.strip()!r}"]
+    if r.approximation:
+        lines.append(f"  note: {r.approximation}")
+    for src, w, text in zip(r.sources, r.weights, r.doc_texts):
+        snippet = text if len(text) < 110 else text[:107] + "..."
+        where = f" ({src['source_id']})" if src["source_id"] else ""
+        lines.append(f"  λ={w:.3f}  #{src['id']}{where} {src['title']}: {snippet}")
+    c = r.cost
+    lines.append(f"  cost: {c['lm_calls']} LM rows, {c['input_tokens']} input + "
+                 f"{c['output_tokens']} output tokens, LM {c['lm_seconds']:.2f}s, retrieval "
+                 f"{c['retrieval_seconds']:.2f}s, wall {c['wall_seconds']:.2f}s"
+                 + (f"; the server reused {c['cached_input_tokens']} cached prompt tokens"
+                    if c.get("cached_input_tokens") else ""))
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""``replug score | generate | ask | demo``: REPLUG inference from the command line."""
+
+from __future__ import annotations
+
+import pathlib
+
+from replug_jax.cli.common import (
+    add_json,
+    emit,
+    existing_file,
+    format_generation,
+    index_dir,
+    add_api_args,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    unit_interval,
+)
+from replug_jax.cli.index import add_search_args, search_options
+from replug_jax.models import DEFAULT_LM, DEFAULT_RETRIEVER
+
+MODES = ("replug", "none", "concat", "top1", "random")
+
+
+def make_lm(args):
+    """The black-box LM: a served one (``--api-base``, probed first) or a Flax one."""
+    if args.api_base:
+        from replug_jax.lm.api_scorer import APIScorer
+
+        return APIScorer.connect(args.api_base, model=args.api_model,
+                                 tokenizer=args.api_tokenizer, timeout=args.api_timeout,
+                                 endpoint=args.api_endpoint, max_retries=args.api_retries)
+    from replug_jax.lm.flax_scorer import FlaxLM
+
+    return FlaxLM.load(args.lm, dtype=args.dtype, max_context=args.max_context)
+
+
+def make_pipeline(args):
+    from replug_jax.replug import Replug
+    from replug_jax.retrieval.encoder import Retriever
+
+    lm = make_lm(args)
+    retriever = index = None
+    if args.mode != "none":
+        if args.index is None:
+            raise ValueError(f"mode {args.mode!r} needs --index (build one with `replug index "
+                             "build`)")
+        retriever, index = Retriever.for_index(args.index, args.retriever)
+    return Replug(lm, retriever, index, k=args.k,
+                  retrieval_temperature=args.retrieval_temperature,
+                  separator=args.separator.encode().decode("unicode_escape"), mode=args.mode,
+                  seed=args.seed, **search_options(args))
+
+
+def cmd_score(args) -> int:
+    from tqdm.auto import tqdm
+
+    from replug_jax.fileio import read_jsonl
+    from replug_jax.lm.scorer import SCORE, require
+    from replug_jax.replug import summarize
+
+    rows = read_jsonl(args.input)
+    for i, r in enumerate(rows):
+        if "context" not in r or "continuation" not in r:
+            raise ValueError(f"{args.input}: line {i + 1} needs 'context' and 'continuation'")
+    pipe = make_pipeline(args)
+    require(pipe.lm, SCORE, "scoring")  # a server that cannot score says so in one line
+    results = []
+    for start in tqdm(range(0, len(rows), args.batch), desc="scoring", disable=args.json):
+        chunk = rows[start:start + args.batch]
+        results += pipe.score([r["context"] for r in chunk], [r["continuation"] for r in chunk],
+                              [r.get("query", r["context"]) for r in chunk])
+    summary = summarize(results)
+    for i, r in enumerate(results):
+        emit(args, {k: v for k, v in r.to_json().items()
+                    if k in ("loglik", "num_tokens", "num_bytes", "doc_ids", "weights",
+                             "retrieval_reliance", "cost")},
+             f"{i}: loglik {r.loglik:.3f} over {r.num_tokens} tokens, docs "
+             f"{list(zip(r.doc_ids, [round(w, 3) for w in r.weights]))}")
+    emit(args, {"summary": summary, "settings": results[0].settings},
+         f"perplexity {summary['perplexity']:.3f}, bits per byte {summary['bits_per_byte']:.4f} "
+         f"({summary['num_tokens']} tokens, mode {args.mode}, k={args.k})")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    pipe = make_pipeline(args)
+    r = pipe.generate([args.prompt], args.max_new_tokens,
+                      sampling_temperature=args.sampling_temperature, top_p=args.top_p,
+                      stop=args.stop, queries=[args.query or args.prompt])[0]
+    emit(args, r.to_json(), format_generation(r, "generation"))
+    return 0
+
+
+def cmd_ask(args) -> int:
+    from replug_jax.prompts import qa_prompt
+
+    pipe = make_pipeline(args)
+    prompt = qa_prompt(args.question, getattr(pipe.lm, "tokenizer", None))
+    r = pipe.generate([prompt], args.max_new_tokens, stop=["\n"], queries=[args.question])[0]
+    emit(args, {"question": args.question, "answer": r.text.strip(), **r.to_json()},
+         format_generation(r, "answer"))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from replug_jax.demo import run_demo
+
+    def show(question, closed, rep):
+        print(f"\nQ: {question}\nLM alone: {closed.text.strip()!r}\n"
+              + format_generation(rep, f"REPLUG (k={args.k})"))
+
+    out = run_demo(args.index_dir, retriever=args.retriever, lm=args.lm, k=args.k,
+                   max_new_tokens=args.max_new_tokens, questions=args.question,
+                   progress=not args.json, log=(lambda text: None) if args.json else print,
+                   on_answer=None if args.json else show)
+    rows = sum(r["cost"]["lm_calls"] + r["cost_without_retrieval"]["lm_calls"]
+               for r in out["results"])
+    emit(args, {k: out[k] for k in ("results", "settings", "index", "seconds")},
+         f"\ndone: {len(out['results'])} question(s), k={args.k}, {out['passages']} passages "
+         f"indexed in {args.index_dir}, {rows} LM rows, {out['seconds']:.0f} s in all")
+    return 0
+
+
+def add_pipeline_args(p) -> None:
+    p.add_argument("--index", type=index_dir, default=None,
+                   help="index directory from `replug index build` (not needed with "
+                   "--mode none)")
+    p.add_argument("--retriever", default=None,
+                   help="query encoder (default: the one recorded in the index manifest)")
+    p.add_argument("--lm", default=DEFAULT_LM,
+                   help=f"LM: packaged name, HF folder, hub id or .gguf (default: {DEFAULT_LM})")
+    p.add_argument("-k", type=positive_int, default=10, help="documents per query (paper: 10)")
+    add_search_args(p)
+    p.add_argument("--retrieval-temperature", "--temperature", dest="retrieval_temperature",
+                   type=positive_float, default=None, metavar="TAU",
+                   help="τ of λ = softmax(s/τ) (default: the τ fitted for the retriever, "
+                   "recorded in its replug.json, else the paper's 1); --temperature is its "
+                   "older name")
+    p.add_argument("--separator", default="\\n\\n",
+                   help="text between a document and the input (default: a blank line)")
+    p.add_argument("--mode", "--baseline", dest="mode", choices=MODES, default="replug",
+                   help="replug (ensemble, default), none (LM alone), concat (all k documents "
+                   "in one prompt), top1, random (k random documents); --baseline is its "
+                   "older name")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling and random documents")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="LM parameter dtype (bfloat16 for GPU/TPU)")
+    p.add_argument("--max-context", type=positive_int, default=2048,
+                   help="LM context budget in tokens; documents are cut to fit")
+    p.add_argument("--api-base", default=None,
+                   help="use an OpenAI-compatible server at this URL instead of --lm (API key "
+                   "from $REPLUG_API_KEY or $OPENAI_API_KEY)")
+    add_api_args(p, timeout=60.0, retries=4)
+    p.add_argument("--api-tokenizer", default=None,
+                   help="local tokenizer source for the API's model (for document truncation)")
+
+
+def add_parsers(sub) -> None:
+    sc = sub.add_parser("score", help="REPLUG log-likelihood of continuations (perplexity, BPB)",
+                        description="Score each JSONL line {context, continuation, query?} with "
+                        "the REPLUG ensemble; the query defaults to the context.")
+    sc.add_argument("--input", type=existing_file, required=True, help="JSONL input file")
+    sc.add_argument("--batch", type=positive_int, default=8, help="lines per pipeline call")
+    add_pipeline_args(sc)
+    add_json(sc)
+    sc.set_defaults(func=cmd_score)
+
+    gen = sub.add_parser("generate", help="coordinated REPLUG decoding of a prompt",
+                         description="Generate from the mixture over document branches; "
+                         "every branch receives the chosen token.")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--query", default=None, help="retrieval query (default: the prompt)")
+    gen.add_argument("--max-new-tokens", type=non_negative_int, default=32,
+                     help="tokens to generate")
+    gen.add_argument("--sampling-temperature", "--temperature-sample",
+                     dest="sampling_temperature", type=non_negative_float, default=0.0,
+                     help="sampling temperature (0 = greedy, default); --temperature-sample is "
+                     "its older name")
+    gen.add_argument("--top-p", type=unit_interval, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--stop", action="append", default=[],
+                     help="stop string (repeatable)")
+    add_pipeline_args(gen)
+    add_json(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    ask = sub.add_parser("ask", help="answer a question with its sources and their weights",
+                         description="Question -> answer with REPLUG, printing the retrieved "
+                         "passages and λ.")
+    ask.add_argument("question", help="the question")
+    ask.add_argument("--max-new-tokens", type=non_negative_int, default=32,
+                     help="answer length limit")
+    add_pipeline_args(ask)
+    add_json(ask)
+    ask.set_defaults(func=cmd_ask)
+
+    demo = sub.add_parser("demo", help="REPLUG on the packaged models and Python-docs corpus",
+                          description="Build (or reuse) an index of the Python standard "
+                          "library's documentation with the packaged MiniLM retriever, then "
+                          "answer Python questions with the packaged SmolLM2, with and "
+                          "without retrieval, showing the sources, λ and the cost.")
+    demo.add_argument("--index-dir", type=pathlib.Path,
+                      default=pathlib.Path.home() / ".cache" / "replug_jax" / "demo_index",
+                      help="where the demo index is kept")
+    demo.add_argument("--retriever", default=DEFAULT_RETRIEVER,
+                      help=f"retriever (default: {DEFAULT_RETRIEVER})")
+    demo.add_argument("--lm", default=DEFAULT_LM, help=f"LM (default: {DEFAULT_LM})")
+    demo.add_argument("-k", type=positive_int, default=5, help="documents per question "
+                      "(default 5)")
+    demo.add_argument("--max-new-tokens", type=non_negative_int, default=24,
+                      help="answer length limit")
+    demo.add_argument("--question", action="append", default=None,
+                      help="ask this instead of the built-in questions (repeatable)")
+    add_json(demo)
+    demo.set_defaults(func=cmd_demo)

@@ -1,0 +1,73 @@
+"""``replug train-lsr`` and ``replug export-retriever``: REPLUG LSR from the command line."""
+
+from __future__ import annotations
+
+import pathlib
+
+from replug_jax.cli.common import add_json, emit, existing_dir, positive_int
+
+
+def cmd_train_lsr(args) -> int:
+    from replug_jax.sharding import initialize_distributed
+    from replug_jax.train.assemble import build_trainer
+    from replug_jax.train.config import load_config
+
+    initialize_distributed()
+    cfg, variant = load_config(args.config, args.set)
+    trainer = build_trainer(cfg, args.workdir, progress=not args.json)
+    result = trainer.run(stop_after=args.max_steps)
+    result["variant"] = variant
+    last = result["last"]
+    emit(args, result,
+         f"step {result['step']}/{cfg.total_steps}: loss {last.get('loss', float('nan')):.4f}, "
+         f"P_R/Q argmax agreement {last.get('argmax_agreement', float('nan')):.2f}, LM cache "
+         f"{result['lm_cache_hits']} hits / {result['lm_cache_misses']} misses"
+         + (f"\ndev: {result['dev']}" if "dev" in result else ""))
+    return 0
+
+
+def cmd_export_retriever(args) -> int:
+    from replug_jax.train.export import export_run
+
+    out, step = export_run(args.workdir, args.out, args.step)
+    emit(args, {"out": str(out), "step": step}, f"exported step {step} -> {out}")
+    return 0
+
+
+def config_file(text: str) -> str:
+    """``path/to/config.py[:variant]`` whose file exists."""
+    import argparse
+
+    if not pathlib.Path(text.split(":")[0]).is_file():
+        raise argparse.ArgumentTypeError(f"{text.split(':')[0]}: no such file")
+    return text
+
+
+def add_parsers(sub) -> None:
+    tr = sub.add_parser("train-lsr", help="REPLUG LSR: train the retriever from LM likelihoods",
+                        description="Train the retriever so that its distribution over the "
+                        "top-k documents matches the frozen LM's (paper §4). Resumes "
+                        "automatically from the latest checkpoint in --workdir.")
+    tr.add_argument("--config", required=True, type=config_file,
+                    help="config file and variant, e.g. experiments/configs/lsr_nq.py:tiny")
+    tr.add_argument("--workdir", required=True, type=pathlib.Path,
+                    help="run directory: checkpoints, index versions, metrics, LM-score cache")
+    tr.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="override config fields, e.g. --set k=10 gamma=0.5 (repeatable)")
+    tr.add_argument("--max-steps", type=positive_int, default=None,
+                    help="stop after this many steps of this invocation (resume later)")
+    add_json(tr)
+    tr.set_defaults(func=cmd_train_lsr)
+
+    ex = sub.add_parser("export-retriever", help="write a trained retriever in HF layout",
+                        description="Export the latest checkpoint of an LSR run (or the "
+                        "one of --step) as a transformers-loadable BERT folder with a model "
+                        "card.")
+    ex.add_argument("--workdir", required=True, type=existing_dir, help="the LSR run directory")
+    ex.add_argument("--step", type=int, default=None,
+                    help="export the checkpoint saved at this step (default: the newest; "
+                         "keep_checkpoints decides which are kept)")
+    ex.add_argument("--out", required=True, type=pathlib.Path,
+                    help="output folder, e.g. checkpoints/minilm-lsr-nq")
+    add_json(ex)
+    ex.set_defaults(func=cmd_export_retriever)

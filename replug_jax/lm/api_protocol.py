@@ -1,0 +1,243 @@
+"""What OpenAI-compatible servers say, read strictly: the typed errors of the client, the two
+log-prob shapes (legacy completions and per-token ``content[]``, plus vLLM's
+``prompt_logprobs``) parsed into :class:`TokenLogprobs`, and :class:`ServerCapabilities`, what
+a probe found. No I/O here; :mod:`replug_jax.lm.api_scorer` talks to the server."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from replug_jax.lm.scorer import CapabilityError
+
+CONFORMANCE_TEXT = ("One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, "
+                    "thirteen, fourteen, fifteen, sixteen, seventeen, eighteen, nineteen, twenty")
+CONFORMANCE_MIN_MEAN = -2.5  # nats per token: any competent LM predicts the counting sequence
+
+
+class APIError(RuntimeError):
+    """The API failed or answered something unusable; the message is one line saying what
+    and why (never the API key)."""
+
+
+class APIConnectionError(APIError):
+    """Nothing answered: connection refused, unknown host, network down."""
+
+
+class APITimeoutError(APIError):
+    """The server did not answer within the timeout, on every attempt."""
+
+
+class APIAuthError(APIError):
+    """401 or 403: a missing or wrong API key."""
+
+
+class APINotFoundError(APIError):
+    """404: a wrong base URL, endpoint or model name."""
+
+
+class APIRateLimitError(APIError):
+    """429 on every attempt."""
+
+
+class APIServerError(APIError):
+    """Another HTTP error (4xx refusals, 5xx after retries)."""
+
+
+class APIRefusedError(APIServerError):
+    """A 4xx refusal of this request (e.g. a parameter the server does not take): the
+    server works, but not for what was asked."""
+
+
+class APIResponseError(APIError):
+    """A 200 answer that is not usable: malformed JSON, missing or malformed log-probs."""
+
+
+class APIProtocolError(APIResponseError):
+    """A 200 answer that is not an OpenAI-style response at all (not JSON, no choices)."""
+
+
+class APICapabilityError(APIError, CapabilityError):
+    """The server cannot do what was asked (e.g. scoring without prompt log-probs)."""
+
+
+# -- the two log-prob shapes ------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TokenLogprobs:
+    """Per-token log-probs of a stretch of text, whichever shape the server sent."""
+
+    tokens: list[str]
+    logprobs: list[float | None]  # None: nothing predicts it (a first token)
+    offsets: list[int]  # character offset of each token in the text they cover
+    top: list[dict[str, float] | None]  # the top-n alternatives at each position, if asked
+
+
+def _finite_logprob(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value > 1e-4:
+        raise APIResponseError(f"malformed log-probs: {where} is {value!r}, not a finite "
+                               "log-probability")
+    return float(value)
+
+
+def _token_text(entry: dict) -> str:
+    """A ``content[]`` entry's text: its bytes when given (exact, even for a token that is
+    part of a multi-byte character), else its ``token`` string."""
+    raw = entry.get("bytes")
+    if isinstance(raw, list) and all(isinstance(b, int) for b in raw):
+        return bytes(raw).decode("utf-8", errors="replace")
+    token = entry.get("token")
+    if not isinstance(token, str):
+        raise APIResponseError(f"malformed log-probs: a token entry has no text: "
+                               f"{str(entry)[:120]}")
+    return token
+
+
+def _merge_top(pairs) -> dict[str, float]:
+    """Top alternatives as ``{text: log-prob}``; two token ids with the same text (possible
+    in byte-level vocabularies) add their probabilities."""
+    out: dict[str, float] = {}
+    for text, lp in pairs:
+        out[text] = float(np.logaddexp(out[text], lp)) if text in out else lp
+    return out
+
+
+def parse_logprobs(block, start: int = 0) -> TokenLogprobs:
+    """A choice's ``logprobs`` in either shape (legacy completions or ``content[]``);
+    ``start`` is the character offset of the first token when the shape gives none."""
+    if not isinstance(block, dict):
+        raise APIResponseError(f"response has no log-probs (logprobs is {block!r})")
+    if "content" in block:
+        entries = block["content"]
+        if not isinstance(entries, list):
+            raise APIResponseError(f"malformed log-probs: content is {str(entries)[:120]}")
+        tokens, logprobs, offsets, top, pos = [], [], [], [], start
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise APIResponseError(f"malformed log-probs: content[{i}] is {e!r}")
+            text = _token_text(e)
+            tokens.append(text)
+            logprobs.append(_finite_logprob(e.get("logprob"), f"content[{i}].logprob"))
+            offsets.append(pos)
+            pos += len(text)
+            alts = e.get("top_logprobs")
+            top.append(None if alts is None else _merge_top(
+                (_token_text(a), _finite_logprob(a.get("logprob"),
+                                                 f"content[{i}].top_logprobs"))
+                for a in alts) if isinstance(alts, list) else _bad_top(alts))
+        return TokenLogprobs(tokens, logprobs, offsets, top)
+    try:
+        tokens, values = list(block["tokens"]), list(block["token_logprobs"])
+    except (KeyError, TypeError) as err:
+        raise APIResponseError("response lacks log-probs (neither logprobs.content nor "
+                               "logprobs.tokens/token_logprobs)") from err
+    offsets = block.get("text_offset")
+    if offsets is None:
+        offsets = list(np.cumsum([start] + [len(t) for t in tokens[:-1]])) if tokens else []
+    raw_top = block.get("top_logprobs") or [None] * len(tokens)
+    if not (len(values) == len(offsets) == len(raw_top) == len(tokens)):
+        raise APIResponseError(f"malformed log-probs: {len(tokens)} tokens, {len(values)} "
+                               f"log-probs, {len(offsets)} offsets, {len(raw_top)} top entries")
+    logprobs = [None if v is None else _finite_logprob(v, f"token_logprobs[{i}]")
+                for i, v in enumerate(values)]
+    top = [None if t is None else _merge_top(
+        (tok, _finite_logprob(v, f"top_logprobs[{i}][{tok!r}]")) for tok, v in t.items())
+        if isinstance(t, dict) else _bad_top(t) for i, t in enumerate(raw_top)]
+    return TokenLogprobs([str(t) for t in tokens], logprobs, [int(o) for o in offsets], top)
+
+
+def _bad_top(value):
+    raise APIResponseError(f"malformed top log-probs: {str(value)[:120]}")
+
+
+def parse_prompt_logprobs(entries) -> TokenLogprobs:
+    """vLLM's ``prompt_logprobs``: one ``{token_id: {"logprob", "decoded_token"}}`` per prompt
+    token (None for the first)."""
+    if not isinstance(entries, list):
+        raise APIResponseError("response lacks prompt_logprobs")
+    tokens, logprobs, offsets, pos = [], [], [], 0
+    for i, e in enumerate(entries):
+        if e is None:
+            tokens.append("")
+            logprobs.append(None)
+        else:
+            try:
+                (_, info), = list(e.items())[:1]
+                tok = str(info.get("decoded_token", ""))
+            except (AttributeError, ValueError, TypeError) as err:
+                raise APIResponseError(f"malformed prompt_logprobs[{i}]: {str(e)[:120]}") \
+                    from err
+            tokens.append(tok)
+            logprobs.append(_finite_logprob(info.get("logprob"), f"prompt_logprobs[{i}]"))
+        offsets.append(pos)
+        pos += len(tokens[-1])
+    return TokenLogprobs(tokens, logprobs, offsets, [None] * len(tokens))
+
+
+# -- what a server can do ----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class ServerCapabilities:
+    """What :meth:`APIScorer.probe` found, and the paths it implies."""
+
+    base_url: str
+    endpoint: str
+    echo: bool = False
+    prompt_logprobs: bool = False
+    top_n: int = 0  # the largest n of top log-probs the server honoured (0: none)
+    logprob_shape: str | None = None  # "legacy" or "content"
+    conformance: dict | None = None  # {"mean_logprob", "tokens", "passed"} of the scoring path
+    cached_prompt_tokens: bool = False  # the server reports reusing cached prompt tokens
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def scoring(self) -> str | None:
+        """The path that scores supplied text, if one exists and passed conformance."""
+        if self.conformance is None or not self.conformance.get("passed"):
+            return None
+        return "echo" if self.echo else "prompt_logprobs" if self.prompt_logprobs else None
+
+    def refusal(self, what: str = "scoring") -> str:
+        """One line: why ``what`` cannot run on this server, and what still works."""
+        if self.echo or self.prompt_logprobs:
+            why = (f"its prompt log-probs fail the conformance check (mean "
+                   f"{self.conformance['mean_logprob']:.2f} nats/token on a counting sequence, "
+                   f"need > {CONFORMANCE_MIN_MEAN})" if self.conformance else
+                   "its prompt log-probs could not be checked")
+        else:
+            why = "it gives no prompt log-probs"
+        rest = (f"generation works as an approximate ensemble from top-{self.top_n} log-probs"
+                if self.top_n else "it gives no top log-probs either, so REPLUG cannot run "
+                "on it at all")
+        return (f"{self.base_url}: {what} cannot run: {why}; scoring (LSR supervision, "
+                f"perplexity, answer likelihood) needs echo or prompt_logprobs; {rest}")
+
+    def table(self) -> list[tuple[str, str, str]]:
+        conf = self.conformance
+        return [
+            ("endpoint", f"/v1/{'chat/' if self.endpoint == 'chat' else ''}completions",
+             "chat: the prompt as one user turn" if self.endpoint == "chat" else "raw prompt"),
+            ("echo of prompt log-probs", _yes(self.echo), "echo=true on /v1/completions"),
+            ("prompt_logprobs (vLLM)", _yes(self.prompt_logprobs), ""),
+            ("top-n of generated tokens", f"n ≤ {self.top_n}" if self.top_n else "no",
+             f"{self.logprob_shape} log-prob shape" if self.logprob_shape else ""),
+            ("conformance of scores",
+             "—" if conf is None else "pass" if conf["passed"] else "FAIL",
+             "" if conf is None else f"mean {conf['mean_logprob']:.2f} nats/token over "
+                                     f"{conf['tokens']} tokens"),
+            ("prompt cache reported", _yes(self.cached_prompt_tokens),
+             "usage.prompt_tokens_details.cached_tokens"),
+            ("scoring (LSR, perplexity)", self.scoring or "no", ""),
+            ("REPLUG generation", "approximate (top-n)" if self.top_n else "no",
+             "exact needs full next-token distributions (replug serve in-process)"),
+        ]
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "scoring": self.scoring}
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"

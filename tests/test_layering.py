@@ -1,0 +1,68 @@
+"""The package is layered (no module imports from a layer above its own), and the README's
+Layout section names every module there is, and none that is not."""
+
+import ast
+import pathlib
+import re
+
+import replug_jax
+
+ROOT = pathlib.Path(replug_jax.__file__).parent
+
+# core ← models ← retrieval / lm ← replug ← train / eval / demo ← cli
+# (fileio, extras, config, timing: anywhere)
+LAYER = {"core": 0, "fileio": 0, "extras": 0, "config": 0, "timing": 0, "prompts": 1,
+         "models": 1, "sharding": 1, "retrieval": 2, "lm": 2, "replug": 3, "results": 3,
+         "train": 4, "eval": 4, "demo": 4, "cli": 5}
+
+
+def test_no_import_runs_up_the_layers():
+    up = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        layer = rel.parts[0].removesuffix(".py")
+        if layer == "__init__":
+            continue
+        assert layer in LAYER, f"{rel}: a new top-level module needs a layer here"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("replug_jax."):
+                dep = node.module.split(".")[1]
+                if LAYER[dep] > LAYER[layer]:
+                    up.append(f"{rel} imports {node.module}")
+    assert not up, up
+
+
+def _layout_entries() -> dict[str, str]:
+    """README Layout block: ``{path at the start of a line: the text of its entry}``."""
+    readme = (ROOT.parent / "README.md").read_text()
+    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```", 2)[1]
+    entries: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            current, _, text = line.partition(" ")
+            entries[current] = text
+        elif current is not None:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_readme_layout_names_every_module():
+    entries = _layout_entries()
+    named = set()
+    for path, text in entries.items():
+        assert (ROOT.parent / path).exists(), f"README Layout names {path}, which does not exist"
+        if path.startswith("replug_jax/") and path.endswith("/"):
+            for module in re.findall(r"\b(\w+\.py)\b", text):
+                assert (ROOT.parent / path / module).exists(), \
+                    f"README Layout names {path}{module}, which does not exist"
+                named.add(path + module)
+        else:
+            named.add(path)
+    modules = {str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py")
+               if p.name not in ("__init__.py", "__main__.py")}
+    missing = sorted(m for m in modules if m not in named
+                     and not any(m.startswith(n) for n in named if n.endswith("/")
+                                 and not re.search(r"\w+\.py", entries.get(n, ""))))
+    assert not missing, f"README Layout does not name: {missing}"
