@@ -116,8 +116,9 @@ def write_results(name: str, variant: str, payload: dict, table: list[tuple], he
                   notes: str = "", root: pathlib.Path = RESULTS,
                   differences: str = "") -> pathlib.Path:
     """``root/<name>/<variant>.json`` + ``.md`` (table + notes), atomically, and the folder's
-    ``README.md`` regenerated from every variant there (command, hardware, time, numbers, and
-    ``differences`` from the paper's setting)."""
+    ``README.md`` regenerated from every variant there (command, hardware, time, numbers,
+    ``differences`` from the paper's setting, and the folder's ``CHANGES.md``: results that
+    changed, with the old numbers)."""
     out = pathlib.Path(root) / name
     out.mkdir(parents=True, exist_ok=True)
     payload = {**payload, "differences_from_paper": differences}
@@ -139,6 +140,9 @@ def _write_readme(folder: pathlib.Path, name: str, differences: str) -> None:
              "per config variant.", ""]
     if differences:
         parts += ["## How this differs from the paper", "", differences, ""]
+    changes = folder / "CHANGES.md"  # results that changed, the old numbers beside the new
+    if changes.exists():
+        parts += ["## Changed results", "", changes.read_text().strip(), ""]
     for js in sorted(folder.glob("*.json")):
         try:
             data = json.loads(js.read_text())

@@ -33,10 +33,11 @@ CONFIGS = {
     "tiny": LMConfig(num_documents=1, corpus_documents=3, passage_tokens=32, context_tokens=32,
                      stride=32, query_tokens=32, skip_first=32, max_windows_per_document=2,
                      k=2, ks=(1, 2), max_context=512),
-    # REPLUG vs REPLUG LSR (the retriever from `lsr_nq`, trained on NQ questions, not on
-    # language modelling as in the paper) on the first two articles.
-    "lsr": LMConfig(lsr_retriever="checkpoints/replug-lsr-minilm-nq", num_documents=2,
-                    modes=("none", "replug")),
+    # REPLUG vs REPLUG LSR with the language-modelling objective (paper Table 1): the retriever
+    # of `replug train-lsr --config experiments/configs/lsr_wikitext.py --workdir
+    # runs/lsr_wikitext`, exported with `replug export-retriever --workdir runs/lsr_wikitext
+    # --out runs/lsr_wikitext_export` (not released: see checkpoints/README.md).
+    "lsr": LMConfig(lsr_retriever="runs/lsr_wikitext_export", modes=("none", "replug")),
     # The paper's setting on an accelerator: all of WikiText-2 test, top-10, a 1B LM.
     "wikitext_gpu": LMConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                              num_documents=10_000, max_windows_per_document=0, batch_size=16,

@@ -63,42 +63,45 @@ def two_stage_topk(s_NB, k: int, bin_rows: int = BIN_ROWS):
 
 def _blocked_topk(q_BD, c_ND, k: int, block: int | None, n_valid, offset,
                   bin_rows: int = BIN_ROWS):
-    """Top-k of ``q_BD @ c_ND.T`` scanning ``c_ND`` in blocks of about ``block`` rows (default
+    """Top-k of ``q_BD @ c_ND.T`` scanning ``c_ND`` in blocks of ``block`` rows (default
     :func:`block_rows`: memory ``O(B·block)``), each block's top-k by
     :func:`two_stage_topk`; rows at or past ``n_valid`` (the corpus's padding rows; traced in
     the sharded search) are ignored and ``offset`` is added to the returned row numbers.
 
-    The corpus is never padded or copied: block ``i`` is a window of ``c_ND`` starting at
-    ``min(i·block, N − block)``, and the rows of the last window that an earlier block already
-    scanned are hidden, so every row is seen once, whatever ``n_valid`` says (on a device that
-    is not the last, ``n_valid`` exceeds its own row count)."""
+    A corpus that fits one block is multiplied whole; a larger one is scanned in windows of
+    ``block`` rows and one last window of the rest (XLA copies each window out of the corpus).
+    The corpus itself is never padded: a window's *scores* are padded with −inf up to a whole
+    number of bins, and those rows can never win."""
     n = c_ND.shape[0]
     block = min(block or block_rows(q_BD.shape[0], n), n)
-    bin_rows = min(bin_rows, block)
-    block = block // bin_rows * bin_rows
-    n_blocks = -(-n // block)
-    kb = min(k, block)
+    n_full, rest = divmod(n, block)
     q_BD = q_BD.astype(c_ND.dtype)
     static_limit = isinstance(n_valid, int) and n_valid >= n
 
-    def one_block(i):
-        nominal = i * block
-        start = jnp.minimum(nominal, n - block)
-        cb = jax.lax.dynamic_slice_in_dim(c_ND, start, block)
-        s_RB = jnp.dot(cb, q_BD.T, preferred_element_type=jnp.float32)
-        if n_blocks > 1 or not static_limit:
-            rows = start + jnp.arange(block)[:, None]
-            s_RB = jnp.where((rows >= nominal) & (rows < jnp.minimum(n_valid, n)), s_RB,
-                             -jnp.inf)
-        vals, idx = two_stage_topk(s_RB, kb, bin_rows)
+    def window(start, size: int):
+        rows_RD = c_ND if size == n else jax.lax.dynamic_slice_in_dim(c_ND, start, size)
+        s_RB = jnp.dot(rows_RD, q_BD.T, preferred_element_type=jnp.float32)
+        if not static_limit:
+            rows = start + jnp.arange(size)[:, None]
+            s_RB = jnp.where(rows < jnp.minimum(n_valid, n), s_RB, -jnp.inf)
+        if size % bin_rows:
+            s_RB = jnp.pad(s_RB, ((0, -size % bin_rows), (0, 0)), constant_values=-jnp.inf)
+        vals, idx = two_stage_topk(s_RB, min(k, size), bin_rows)
         return vals, idx + start + offset
 
-    if n_blocks == 1:  # no scan: one matmul, sorted top-kb already
-        return one_block(0)
-    vals, idx = jax.lax.map(one_block, jnp.arange(n_blocks))  # [nb, B, kb]
-    vals = jnp.moveaxis(vals, 0, 1).reshape(q_BD.shape[0], -1)
-    idx = jnp.moveaxis(idx, 0, 1).reshape(q_BD.shape[0], -1)
-    return _merge(vals, idx, k)
+    if n_full == 1 and not rest:
+        return window(0, n)  # sorted top-k already
+    parts = []
+    if n_full == 1:
+        parts.append(window(0, block))
+    else:  # [n_full, B, kb] -> [B, n_full·kb]
+        vals, idx = jax.lax.map(lambda i: window(i * block, block), jnp.arange(n_full))
+        parts.append((jnp.moveaxis(vals, 0, 1).reshape(q_BD.shape[0], -1),
+                      jnp.moveaxis(idx, 0, 1).reshape(q_BD.shape[0], -1)))
+    if rest:
+        parts.append(window(n_full * block, rest))
+    return _merge(jnp.concatenate([v for v, _ in parts], axis=1),
+                  jnp.concatenate([i for _, i in parts], axis=1), k)
 
 
 def _merge(vals_BC, idx_BC, k: int):
