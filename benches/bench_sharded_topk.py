@@ -142,7 +142,7 @@ def host(args) -> None:
                              f"{r['qps']:.0f}", "", f"{r['vs_faiss']:.2f}x",
                              f"{r['same_ids_as_faiss']:.4f}"))
         flat.reset()
-        del arrays, sharded
+        del arrays, sharded, contenders
         gc.collect()
     write("sharded_topk", {"k": args.k, "dim": 384, "storage_dtype": fast,
                            "peak": "a jitted 2048² float32 matmul, timed in the same rounds",

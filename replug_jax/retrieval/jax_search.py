@@ -33,11 +33,16 @@ def storage_dtype(backend: str | None = None) -> str:
     return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
-def block_rows(num_queries: int, n: int, scores_bytes: int = SCORES_BYTES) -> int:
-    """Corpus rows per block so that a block's ``[B, block]`` float32 scores fit in
-    ``scores_bytes`` (a multiple of :data:`BIN_ROWS`, at most ``n``)."""
-    rows = max(BIN_ROWS, scores_bytes // (4 * max(num_queries, 1)) // BIN_ROWS * BIN_ROWS)
-    return min(rows, n)
+def block_rows(num_queries: int, n: int, row_bytes: int = 0,
+               scores_bytes: int = SCORES_BYTES) -> int:
+    """Corpus rows per block of the exact search: all ``n`` when their ``[n, B]`` float32
+    scores fit in ``scores_bytes`` (one matmul over the corpus as it lies, nothing copied);
+    else as many as fit with their scores and the window's copy of the rows (``row_bytes``
+    each; XLA copies a window out of the corpus), a whole number of bins."""
+    if 4 * num_queries * n <= scores_bytes:
+        return n
+    rows = scores_bytes // (4 * max(num_queries, 1) + row_bytes) // BIN_ROWS * BIN_ROWS
+    return max(BIN_ROWS, min(rows, n))
 
 
 def two_stage_topk(s_NB, k: int, bin_rows: int = BIN_ROWS):
@@ -68,12 +73,13 @@ def _blocked_topk(q_BD, c_ND, k: int, block: int | None, n_valid, offset,
     :func:`two_stage_topk`; rows at or past ``n_valid`` (the corpus's padding rows; traced in
     the sharded search) are ignored and ``offset`` is added to the returned row numbers.
 
-    A corpus that fits one block is multiplied whole; a larger one is scanned in windows of
-    ``block`` rows and one last window of the rest (XLA copies each window out of the corpus).
+    A corpus whose scores fit the budget is multiplied whole; a larger one is scanned in windows
+    of ``block`` rows (a loop: one window's copy and scores live at a time) and one last window
+    of the rest.
     The corpus itself is never padded: a window's *scores* are padded with −inf up to a whole
     number of bins, and those rows can never win."""
     n = c_ND.shape[0]
-    block = min(block or block_rows(q_BD.shape[0], n), n)
+    block = min(block or block_rows(q_BD.shape[0], n, c_ND.shape[1] * c_ND.dtype.itemsize), n)
     n_full, rest = divmod(n, block)
     q_BD = q_BD.astype(c_ND.dtype)
     static_limit = isinstance(n_valid, int) and n_valid >= n
