@@ -48,22 +48,26 @@ def block_rows(num_queries: int, n: int, row_bytes: int = 0,
 def two_stage_topk(s_NB, k: int, bin_rows: int = BIN_ROWS):
     """Exact top-``k`` of each column of ``s_NB`` (scores of N corpus rows for B queries, the
     layout the corpus-major matmul ``c_ND @ q_BD.T`` writes, measured faster on CPU than
-    ``q @ c.T``) in two stages: the maxima of bins of ``bin_rows`` rows, the top-``k`` bins by
-    their maximum, then the top-``k`` of those bins' ``k · bin_rows`` scores. Exact: a member
-    of the true top-k has a score ≥ the k-th score, so its bin's maximum is ≥ it, and fewer
-    than k bins hold a larger maximum (each holds a distinct larger member). Cheaper than one
-    ``lax.top_k`` over N, which sorts whole rows on GPU when k > 16. ``N`` must be a multiple
-    of ``bin_rows``. Returns ``(values [B, k], rows [B, k])``."""
+    ``q @ c.T``) in two stages: the maxima of bins of ``bin_rows`` rows (the last bin may be
+    shorter), the top-``k`` bins by their maximum, then the top-``k`` of those bins' rows,
+    gathered from ``s_NB`` itself (nothing is padded or copied). Exact: a member of the true
+    top-k has a score ≥ the k-th score, so its bin's maximum is ≥ it, and fewer than k bins
+    hold a larger maximum (each holds a distinct larger member). Cheaper than one
+    ``lax.top_k`` over N, which sorts whole rows on GPU when k > 16. Returns
+    ``(values [B, k], rows [B, k])``."""
     n, b = s_NB.shape
-    n_bins = n // bin_rows
-    if n_bins <= k:  # the candidates would be every row
+    if -(-n // bin_rows) <= k:  # the candidates would be every row
         return jax.lax.top_k(s_NB.T, k)
-    s_GRB = s_NB.reshape(n_bins, bin_rows, b)
-    _, bins_Bk = jax.lax.top_k(s_GRB.max(axis=1).T, k)
-    cand_BkR = s_GRB[bins_Bk, :, jnp.arange(b)[:, None]]
+    full = n // bin_rows * bin_rows
+    max_GB = s_NB[:full].reshape(-1, bin_rows, b).max(axis=1)
+    if full < n:
+        max_GB = jnp.concatenate([max_GB, s_NB[full:].max(axis=0, keepdims=True)])
+    _, bins_Bk = jax.lax.top_k(max_GB.T, k)
+    rows_BkR = bins_Bk[:, :, None] * bin_rows + jnp.arange(bin_rows)
+    cand_BkR = s_NB.at[rows_BkR, jnp.arange(b)[:, None, None]].get(
+        mode="fill", fill_value=-jnp.inf)  # rows past N (a short last bin) never win
     vals, pos = jax.lax.top_k(cand_BkR.reshape(b, -1), k)
-    rows = jnp.take_along_axis(bins_Bk, pos // bin_rows, axis=1) * bin_rows + pos % bin_rows
-    return vals, rows
+    return vals, jnp.take_along_axis(rows_BkR.reshape(b, -1), pos, axis=1)
 
 
 def _blocked_topk(q_BD, c_ND, k: int, block: int | None, n_valid, offset,
@@ -75,9 +79,7 @@ def _blocked_topk(q_BD, c_ND, k: int, block: int | None, n_valid, offset,
 
     A corpus whose scores fit the budget is multiplied whole; a larger one is scanned in windows
     of ``block`` rows (a loop: one window's copy and scores live at a time) and one last window
-    of the rest.
-    The corpus itself is never padded: a window's *scores* are padded with −inf up to a whole
-    number of bins, and those rows can never win."""
+    of the rest. Nothing is padded."""
     n = c_ND.shape[0]
     block = min(block or block_rows(q_BD.shape[0], n, c_ND.shape[1] * c_ND.dtype.itemsize), n)
     n_full, rest = divmod(n, block)
@@ -90,8 +92,6 @@ def _blocked_topk(q_BD, c_ND, k: int, block: int | None, n_valid, offset,
         if not static_limit:
             rows = start + jnp.arange(size)[:, None]
             s_RB = jnp.where(rows < jnp.minimum(n_valid, n), s_RB, -jnp.inf)
-        if size % bin_rows:
-            s_RB = jnp.pad(s_RB, ((0, -size % bin_rows), (0, 0)), constant_values=-jnp.inf)
         vals, idx = two_stage_topk(s_RB, min(k, size), bin_rows)
         return vals, idx + start + offset
 
