@@ -42,9 +42,11 @@ class TemperatureConfig:
     seed: int = 0
 
 
+# "lsr": the retriever of `replug train-lsr --config experiments/configs/lsr_wikitext.py
+# --workdir runs/lsr_wikitext`, exported with `replug export-retriever --workdir
+# runs/lsr_wikitext --out runs/lsr_wikitext_export` (its weights are not released).
 _WIKI = dict(dataset="wikitext", corpus="experiments/data/wikitext/corpus.jsonl",
-             chunk_tokens=128, retrievers=("base=minilm",
-                                                "lsr=checkpoints/replug-lsr-minilm-wikitext"))
+             chunk_tokens=128, retrievers=("base=minilm", "lsr=runs/lsr_wikitext_export"))
 
 CONFIGS = {
     "nq": TemperatureConfig(),
