@@ -1,5 +1,8 @@
+"""``python -m replug_jax.cli``: the ``replug`` command."""
+
 import sys
 
 from replug_jax.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())
