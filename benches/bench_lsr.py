@@ -100,6 +100,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="batch 8, k 4: a smoke run")
     ap.add_argument("--no-fit", dest="fit", action="store_false",
                     help="run the asked shape even if its compiled memory exceeds what is free")
+    ap.add_argument("--name", default="lsr_step",
+                    help="results file name under benches/results (default lsr_step)")
     ap.add_argument("--corpus-size", type=int, default=1_000_000,
                     help="corpus rows N for the retrieval stage (0: skip it; default 1M)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
@@ -164,7 +166,7 @@ def main(argv=None):
         for e, rate in enumerate(loop["cache_hit_rate_by_epoch"], 1):
             rows.append((f"loop: LM-score cache hit rate, epoch {e}", f"{100 * rate:.0f} %",
                          "", ""))
-    write("lsr_step", out, rows, ("LSR train step", "steps/s", "s/step", "of matmul peak"))
+    write(args.name, out, rows, ("LSR train step", "steps/s", "s/step", "of matmul peak"))
 
 
 def step_memory(b: int, k: int, lq: int, ld: int, retriever: str, remat: bool) -> int:
