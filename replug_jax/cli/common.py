@@ -77,6 +77,26 @@ def add_api_args(p, timeout: float, retries: int) -> None:
                    f"connection (exponential backoff from 0.5 s; default {retries})")
 
 
+def command(parent, name: str, func, *, help: str, description: str | None = None,
+            json: bool = True, **defaults) -> argparse.ArgumentParser:
+    """A sub-command ``name`` of ``parent`` (a ``add_subparsers`` result) run by
+    ``func(args) -> exit code``, with ``--json`` unless ``json=False``; ``defaults`` (such as
+    ``check=fn``, what argument types cannot check) go to its parsed arguments."""
+    p = parent.add_parser(name, help=help, description=description or help)
+    p.set_defaults(func=func, **defaults)
+    if json:
+        add_json(p)
+    return p
+
+
+def add_flax_lm_args(p: argparse.ArgumentParser) -> None:
+    """How an in-process Flax LM is loaded (``score``, ``generate``, ``ask``, ``serve``)."""
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="LM parameter dtype (bfloat16 for GPU/TPU)")
+    p.add_argument("--max-context", type=positive_int, default=2048,
+                   help="LM context budget in tokens; documents are cut to fit")
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="print machine-readable JSON instead of text")

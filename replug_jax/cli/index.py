@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 
 from replug_jax.cli.common import (
-    add_json,
+    command,
     emit,
     existing_file,
     index_dir,
@@ -153,9 +153,10 @@ def check_build(args) -> None:
 def add_parsers(sub) -> None:
     index = sub.add_parser("index", help="build or search a passage index")
     isub = index.add_subparsers(dest="index_command", required=True)
-    b = isub.add_parser("build", help="chunk a corpus, embed it and write a FAISS index",
-                        description="Chunk a corpus into passages, embed them with the "
-                        "retriever (resumable) and write a FAISS index directory.")
+    b = command(isub, "build", cmd_build, check=check_build,
+                help="chunk a corpus, embed it and write a FAISS index",
+                description="Chunk a corpus into passages, embed them with the "
+                            "retriever (resumable) and write a FAISS index directory.")
     b.add_argument("--corpus", required=True,
                    help="corpus file (.jsonl with id/text/title, .txt one document per line, "
                    ".parquet, DPR .tsv with an id/text/title header), a passage store "
@@ -209,30 +210,24 @@ def add_parsers(sub) -> None:
                    help="encoder token limit; longer passages are truncated and counted")
     b.add_argument("--batch-size", type=positive_int, default=None,
                    help="encoding batch size (default: 8 on CPU, 64 on GPU/TPU)")
-    add_json(b)
-    b.set_defaults(func=cmd_build, check=check_build)
-    s = isub.add_parser("search", help="print the top-k passages for queries",
-                        description="Search an index directory with one or more queries.")
+    s = command(isub, "search", cmd_search, help="print the top-k passages for queries",
+                description="Search an index directory with one or more queries.")
     s.add_argument("index", type=index_dir, help="index directory")
     s.add_argument("query", nargs="+", help="query text(s)")
     s.add_argument("-k", type=positive_int, default=10, help="passages per query (default 10)")
     s.add_argument("--retriever", default=None,
                    help="query encoder (default: the one recorded in the index manifest)")
     add_search_args(s)
-    add_json(s)
-    s.set_defaults(func=cmd_search)
-    info = isub.add_parser("info", help="print an index's facts: size, encoder, recall",
-                           description="What the manifest records: N, dim, factory, shards, "
-                           "bytes, encoder, corpus, search defaults, the recall measured at "
-                           "build (or by `replug index tune`).")
+    info = command(isub, "info", cmd_info, help="print an index's facts: size, encoder, recall",
+                   description="What the manifest records: N, dim, factory, shards, "
+                               "bytes, encoder, corpus, search defaults, the recall measured at "
+                               "build (or by `replug index tune`).")
     info.add_argument("index", type=index_dir, help="index directory")
-    add_json(info)
-    info.set_defaults(func=cmd_info)
-    tune = isub.add_parser("tune", help="tune nprobe x re-rank factor to a target recall",
-                           description="Measure recall@10 against exact search (the vectors "
-                           "of --embeddings, streamed) over nprobe x re-rank factor, keep the "
-                           "fastest setting whose interval's lower bound reaches the target "
-                           "and record it as the index's default; prints the frontier.")
+    tune = command(isub, "tune", cmd_tune, help="tune nprobe x re-rank factor to a target recall",
+                   description="Measure recall@10 against exact search (the vectors "
+                               "of --embeddings, streamed) over nprobe x re-rank factor, keep the "
+                               "fastest setting whose interval's lower bound reaches the target "
+                               "and record it as the index's default; prints the frontier.")
     tune.add_argument("index", type=index_dir, help="index directory")
     tune.add_argument("--embeddings", type=existing_file, default=None,
                       help="the [N, D] .npy the index was built from (exact search)")
@@ -246,12 +241,8 @@ def add_parsers(sub) -> None:
                       help="corpus vectors used as queries")
     tune.add_argument("--retriever", default=None,
                       help="query encoder for text --recall-queries (default: the manifest's)")
-    add_json(tune)
-    tune.set_defaults(func=cmd_tune)
-    v = isub.add_parser("verify", help="hash every file of an index against its manifest",
-                        description="Full integrity check: every file's size and SHA-256 "
-                        "against the manifest (loading checks sizes and hashes only small or "
-                        "modified files).")
+    v = command(isub, "verify", cmd_verify, help="hash every file of an index against its manifest",
+                description="Full integrity check: every file's size and SHA-256 "
+                            "against the manifest (loading checks sizes and hashes only small or "
+                            "modified files).")
     v.add_argument("index", type=index_dir, help="index directory")
-    add_json(v)
-    v.set_defaults(func=cmd_verify)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pathlib
 
 from replug_jax.cli.common import (
-    add_json,
+    add_api_args,
+    add_flax_lm_args,
+    command,
     emit,
     existing_file,
     format_generation,
     index_dir,
-    add_api_args,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -145,10 +146,7 @@ def add_pipeline_args(p) -> None:
                    "in one prompt), top1, random (k random documents); --baseline is its "
                    "older name")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and random documents")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="LM parameter dtype (bfloat16 for GPU/TPU)")
-    p.add_argument("--max-context", type=positive_int, default=2048,
-                   help="LM context budget in tokens; documents are cut to fit")
+    add_flax_lm_args(p)
     p.add_argument("--api-base", default=None,
                    help="use an OpenAI-compatible server at this URL instead of --lm (API key "
                    "from $REPLUG_API_KEY or $OPENAI_API_KEY)")
@@ -158,18 +156,17 @@ def add_pipeline_args(p) -> None:
 
 
 def add_parsers(sub) -> None:
-    sc = sub.add_parser("score", help="REPLUG log-likelihood of continuations (perplexity, BPB)",
-                        description="Score each JSONL line {context, continuation, query?} with "
-                        "the REPLUG ensemble; the query defaults to the context.")
+    sc = command(sub, "score", cmd_score,
+                 help="REPLUG log-likelihood of continuations (perplexity, BPB)",
+                 description="Score each JSONL line {context, continuation, query?} with "
+                             "the REPLUG ensemble; the query defaults to the context.")
     sc.add_argument("--input", type=existing_file, required=True, help="JSONL input file")
     sc.add_argument("--batch", type=positive_int, default=8, help="lines per pipeline call")
     add_pipeline_args(sc)
-    add_json(sc)
-    sc.set_defaults(func=cmd_score)
 
-    gen = sub.add_parser("generate", help="coordinated REPLUG decoding of a prompt",
-                         description="Generate from the mixture over document branches; "
-                         "every branch receives the chosen token.")
+    gen = command(sub, "generate", cmd_generate, help="coordinated REPLUG decoding of a prompt",
+                  description="Generate from the mixture over document branches; "
+                              "every branch receives the chosen token.")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--query", default=None, help="retrieval query (default: the prompt)")
     gen.add_argument("--max-new-tokens", type=non_negative_int, default=32,
@@ -182,24 +179,21 @@ def add_parsers(sub) -> None:
     gen.add_argument("--stop", action="append", default=[],
                      help="stop string (repeatable)")
     add_pipeline_args(gen)
-    add_json(gen)
-    gen.set_defaults(func=cmd_generate)
 
-    ask = sub.add_parser("ask", help="answer a question with its sources and their weights",
-                         description="Question -> answer with REPLUG, printing the retrieved "
-                         "passages and λ.")
+    ask = command(sub, "ask", cmd_ask, help="answer a question with its sources and their weights",
+                  description="Question -> answer with REPLUG, printing the retrieved "
+                              "passages and λ.")
     ask.add_argument("question", help="the question")
     ask.add_argument("--max-new-tokens", type=non_negative_int, default=32,
                      help="answer length limit")
     add_pipeline_args(ask)
-    add_json(ask)
-    ask.set_defaults(func=cmd_ask)
 
-    demo = sub.add_parser("demo", help="REPLUG on the packaged models and Python-docs corpus",
-                          description="Build (or reuse) an index of the Python standard "
-                          "library's documentation with the packaged MiniLM retriever, then "
-                          "answer Python questions with the packaged SmolLM2, with and "
-                          "without retrieval, showing the sources, λ and the cost.")
+    demo = command(sub, "demo", cmd_demo,
+                   help="REPLUG on the packaged models and Python-docs corpus",
+                   description="Build (or reuse) an index of the Python standard "
+                               "library's documentation with the packaged MiniLM retriever, then "
+                               "answer Python questions with the packaged SmolLM2, with and "
+                               "without retrieval, showing the sources, λ and the cost.")
     demo.add_argument("--index-dir", type=pathlib.Path,
                       default=pathlib.Path.home() / ".cache" / "replug_jax" / "demo_index",
                       help="where the demo index is kept")
@@ -212,5 +206,3 @@ def add_parsers(sub) -> None:
                       help="answer length limit")
     demo.add_argument("--question", action="append", default=None,
                       help="ask this instead of the built-in questions (repeatable)")
-    add_json(demo)
-    demo.set_defaults(func=cmd_demo)

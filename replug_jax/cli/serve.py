@@ -6,7 +6,14 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from replug_jax.cli.common import add_api_args, add_json, emit, port_number, positive_int
+from replug_jax.cli.common import (
+    add_api_args,
+    add_flax_lm_args,
+    command,
+    emit,
+    port_number,
+    positive_int,
+)
 from replug_jax.models import DEFAULT_LM
 
 
@@ -59,18 +66,16 @@ def check(args) -> None:
 def add_parsers(sub) -> None:
     from replug_jax.lm.server import API_KEY_ENV, ServeLimits
 
-    srv = sub.add_parser("serve", help="serve a Flax LM over an OpenAI-compatible API",
-                         description="Serve --lm at /v1/completions (echo, logprobs, "
-                         "prompt_logprobs), /v1/chat/completions, /v1/models and /health. "
-                         "Logs go to the terminal.")
+    srv = command(sub, "serve", cmd_serve, json=False, check=check,
+                  help="serve a Flax LM over an OpenAI-compatible API",
+                  description="Serve --lm at /v1/completions (echo, logprobs, prompt_logprobs), "
+                              "/v1/chat/completions, /v1/models and /health. Logs go to the "
+                              "terminal.")
     srv.add_argument("--lm", default=DEFAULT_LM, help=f"LM source (default: {DEFAULT_LM})")
     srv.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     srv.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     srv.add_argument("--model-name", default=None, help="model id reported by the API")
-    srv.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                     help="parameter dtype")
-    srv.add_argument("--max-context", type=positive_int, default=2048,
-                     help="context limit in tokens")
+    add_flax_lm_args(srv)
     srv.add_argument("--api-key", default=None,
                      help="require 'Authorization: Bearer KEY' on /v1 routes (default: "
                      f"${API_KEY_ENV}; never logged)")
@@ -79,21 +84,19 @@ def add_parsers(sub) -> None:
     for f in dataclasses.fields(ServeLimits):
         srv.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default),
                          default=f.default, help=f"{f.metadata['help']} (default {f.default})")
-    srv.set_defaults(func=cmd_serve, check=check)
 
     api = sub.add_parser("api", help="check what an OpenAI-compatible LM server can do")
     asub = api.add_subparsers(dest="api_command", required=True)
-    chk = asub.add_parser("check", help="probe a server: echo / prompt_logprobs scoring, "
-                          "top-n log-probs (largest n), conformance of its scores",
-                          description="Probe an OpenAI-compatible server the way score, ask, "
-                          "generate and train-lsr do before any work, and print what it can "
-                          "do: scoring supplied text (echo or vLLM's prompt_logprobs, checked "
-                          "on a counting sequence), top-n log-probs of generated tokens (the "
-                          "largest n it honours; REPLUG's ensemble is then approximate), and "
-                          "whether it reports a prompt cache.")
+    chk = command(asub, "check", cmd_api_check,
+                  help="probe a server: echo / prompt_logprobs scoring, "
+                       "top-n log-probs (largest n), conformance of its scores",
+                  description="Probe an OpenAI-compatible server the way score, ask, "
+                              "generate and train-lsr do before any work, and print what it can "
+                              "do: scoring supplied text (echo or vLLM's prompt_logprobs, checked "
+                              "on a counting sequence), top-n log-probs of generated tokens (the "
+                              "largest n it honours; REPLUG's ensemble is then approximate), and "
+                              "whether it reports a prompt cache.")
     chk.add_argument("--api-base", required=True, help="server URL, e.g. http://127.0.0.1:8081")
     add_api_args(chk, timeout=30.0, retries=2)
     chk.add_argument("--top-n", type=positive_int, default=20,
                      help="the largest n of top log-probs to try (OpenAI allows 20)")
-    add_json(chk)
-    chk.set_defaults(func=cmd_api_check)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
-from replug_jax.cli.common import add_json, emit, existing_dir, positive_int
+from replug_jax.cli.common import command, emit, existing_dir, positive_int
 
 
 def cmd_train_lsr(args) -> int:
@@ -44,10 +44,11 @@ def config_file(text: str) -> str:
 
 
 def add_parsers(sub) -> None:
-    tr = sub.add_parser("train-lsr", help="REPLUG LSR: train the retriever from LM likelihoods",
-                        description="Train the retriever so that its distribution over the "
-                        "top-k documents matches the frozen LM's (paper §4). Resumes "
-                        "automatically from the latest checkpoint in --workdir.")
+    tr = command(sub, "train-lsr", cmd_train_lsr,
+                 help="REPLUG LSR: train the retriever from LM likelihoods",
+                 description="Train the retriever so that its distribution over the "
+                             "top-k documents matches the frozen LM's (paper §4). Resumes "
+                             "automatically from the latest checkpoint in --workdir.")
     tr.add_argument("--config", required=True, type=config_file,
                     help="config file and variant, e.g. experiments/configs/lsr_nq.py:tiny")
     tr.add_argument("--workdir", required=True, type=pathlib.Path,
@@ -56,18 +57,15 @@ def add_parsers(sub) -> None:
                     help="override config fields, e.g. --set k=10 gamma=0.5 (repeatable)")
     tr.add_argument("--max-steps", type=positive_int, default=None,
                     help="stop after this many steps of this invocation (resume later)")
-    add_json(tr)
-    tr.set_defaults(func=cmd_train_lsr)
 
-    ex = sub.add_parser("export-retriever", help="write a trained retriever in HF layout",
-                        description="Export the latest checkpoint of an LSR run (or the "
-                        "one of --step) as a transformers-loadable BERT folder with a model "
-                        "card.")
+    ex = command(sub, "export-retriever", cmd_export_retriever,
+                 help="write a trained retriever in HF layout",
+                 description="Export the latest checkpoint of an LSR run (or the "
+                             "one of --step) as a transformers-loadable BERT folder with a model "
+                             "card.")
     ex.add_argument("--workdir", required=True, type=existing_dir, help="the LSR run directory")
     ex.add_argument("--step", type=int, default=None,
                     help="export the checkpoint saved at this step (default: the newest; "
                          "keep_checkpoints decides which are kept)")
     ex.add_argument("--out", required=True, type=pathlib.Path,
                     help="output folder, e.g. checkpoints/minilm-lsr-nq")
-    add_json(ex)
-    ex.set_defaults(func=cmd_export_retriever)
