@@ -20,7 +20,7 @@ class LMConfig:
     max_windows_per_document: int = 3
     leakage: str = "document"  # document (the evaluated article never retrieved) | window | none
     k: int = 10  # paper: top-10
-    temperature: float = 1.0
+    temperature: float = 1.0  # the retrieval temperature τ of λ = softmax(s/τ) (paper: 1)
     modes: tuple = ("none", "replug", "random", "concat")
     ks: tuple = (1, 2, 5, 10, 20)  # figure 4
     max_context: int = 1024

@@ -15,7 +15,7 @@ class MMLUConfig:
     shots: int = 5  # paper: 5-shot
     corpus: str = "nq_passages"  # nq_passages | wikitext | both (no Wikipedia dump offline)
     k: int = 3  # paper: 10
-    temperature: float = 1.0
+    temperature: float = 1.0  # the retrieval temperature τ of λ = softmax(s/τ) (paper: 1)
     query_with_options: bool = False  # retrieval query: the question (+ its four options)
     modes: tuple = ("none", "replug")
     max_context: int = 1536

@@ -16,7 +16,7 @@ class QAConfig:
     demonstrations_file: str = ""  # JSONL few-shot pairs (default: the last `shots` questions)
     shots: int = 4  # paper: 16-shot for NQ
     k: int = 5
-    temperature: float = 1.0
+    temperature: float = 1.0  # the retrieval temperature τ of λ = softmax(s/τ) (paper: 1)
     modes: tuple = ("none", "replug", "random", "concat")
     generate_modes: tuple = ("none", "replug", "concat")  # EM needs generation (not random)
     max_new_tokens: int = 16
