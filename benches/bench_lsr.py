@@ -27,6 +27,7 @@ Usage: ``python -m benches.bench_lsr [--quick] [--batch 64 --k 20] [--retriever 
 from __future__ import annotations
 
 import argparse
+import functools
 import types
 
 import numpy as np
@@ -63,6 +64,14 @@ def synthetic_batch(b: int, k: int, lq: int, ld: int, vocab: int, seed: int = 0)
             "lm_scores": rng.normal(-2.0, 0.5, (b, k)).astype(np.float32)}
 
 
+@functools.lru_cache(maxsize=4)
+def load_retriever(source: str):
+    """The retriever, loaded once per source (the memory fit builds several step shapes)."""
+    from replug_jax.retrieval.encoder import Retriever
+
+    return Retriever.load(source)
+
+
 def lsr_setup(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128, retriever: str = "minilm",
               remat: bool = False) -> types.SimpleNamespace:
     """Our LSR step on a synthetic batch: ``retriever, cfg, tx, step, scores_fn``, ``grad``
@@ -70,9 +79,8 @@ def lsr_setup(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128, retriever: st
     import jax
 
     from replug_jax.core.losses import lsr_loss
-    from replug_jax.retrieval.encoder import Retriever
 
-    model = Retriever.load(retriever)
+    model = load_retriever(retriever)
     cfg = LSRConfig(retriever=retriever, k=k, batch_size=b, total_steps=1000, remat=remat)
     graphdef, template, params = split_params(model.model.encoder)
     tx = make_optimizer(cfg)

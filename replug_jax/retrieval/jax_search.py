@@ -23,8 +23,8 @@ from replug_jax.sharding import host_copy, replicate
 
 # the memory one block of the exact search may hold (its float32 scores and its copy of the
 # rows): 512 MiB on a CPU, 4 GiB on an accelerator (not yet measured there)
-SCORES_BYTES = {"cpu": 1 << 29}
-ACCELERATOR_SCORES_BYTES = 1 << 32
+CPU_BLOCK_BYTES = 1 << 29
+ACCELERATOR_BLOCK_BYTES = 1 << 32
 BIN_ROWS = 128  # rows per bin of the two-stage top-k
 
 
@@ -39,12 +39,13 @@ def storage_dtype(backend: str | None = None) -> str:
 def block_rows(num_queries: int, n: int, row_bytes: int = 0,
                scores_bytes: int | None = None) -> int:
     """Corpus rows per block of the exact search: all ``n`` when their ``[n, B]`` float32
-    scores fit in ``scores_bytes`` (default :data:`SCORES_BYTES` of JAX's backend: one matmul
-    over the corpus as it lies, nothing copied); else as many as fit with their scores and the
-    window's copy of the rows (``row_bytes`` each; XLA copies a window out of the corpus), a
-    whole number of bins."""
+    scores fit in ``scores_bytes`` (default by JAX's backend: :data:`CPU_BLOCK_BYTES` or
+    :data:`ACCELERATOR_BLOCK_BYTES`), one matmul over the corpus as it lies, nothing copied;
+    else as many as fit with their scores and the window's copy of the rows (``row_bytes``
+    each; XLA copies a window out of the corpus), a whole number of bins."""
     if scores_bytes is None:
-        scores_bytes = SCORES_BYTES.get(jax.default_backend(), ACCELERATOR_SCORES_BYTES)
+        scores_bytes = (CPU_BLOCK_BYTES if jax.default_backend() == "cpu"
+                        else ACCELERATOR_BLOCK_BYTES)
     if 4 * num_queries * n <= scores_bytes:
         return n
     rows = scores_bytes // (4 * max(num_queries, 1) + row_bytes) // BIN_ROWS * BIN_ROWS
