@@ -1,8 +1,11 @@
 """The in-process backend: any ``load_lm`` model, batched ``[B·K, L]`` and jitted.
 
-Sequences are padded to a few length buckets and a fixed row count, so ``jit`` compiles a
+Sequences are padded to a fine grid of length buckets, with rows per batch from a token budget
+and a short last batch padded to a power of two (``lm.batching``), so ``jit`` compiles a
 handful of shapes and never per call. Padding uses position -1 (see ``models.decoder``), so it
-never changes a result. Generation runs a jitted decode loop with a KV cache, in chunks of
+never changes a result. Scoring computes the keys and values of a prefix shared by several
+sequences once (document KV reuse, ``lm.kv_reuse``: every branch ``d ∘ x`` of a passage
+starts with the same tokens), with the same log-probs as scoring each sequence whole. Generation runs a jitted decode loop with a KV cache, in chunks of
 ``chunk`` tokens between which stop strings are checked; the K document branches of a query
 decode together and receive the same token at every step (coordinated decoding, §3.2).
 """
@@ -20,6 +23,16 @@ from flax import nnx
 
 from replug_jax.core.ensemble import mixture_logprobs
 from replug_jax.core.sampling import choose_token
+from replug_jax.lm.batching import (
+    batch_rows,
+    bucket,
+    bucket_lengths,
+    padding_fraction,
+    PrefixGroup,
+    plan_prefixes,
+    rows_for,
+)
+from replug_jax.lm.kv_reuse import PrefixKV, compile_fns, score_grouped
 from replug_jax.lm.scorer import (
     ENSEMBLE_DECODE,
     NEXT_TOKEN,
@@ -38,7 +51,34 @@ from replug_jax.models import (
 )
 from replug_jax.timing import Timer
 
-LENGTH_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
+
+def _on_accelerator() -> bool:
+    return jax.default_backend() != "cpu"
+
+
+@dataclasses.dataclass
+class ScoringStats:
+    """Token slots of every scoring batch: real tokens, padded slots, and the tokens a call
+    would have processed without prefix reuse."""
+
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    whole_tokens: int = 0  # Σ len(sequence): the tokens without reuse
+    reused_prefixes: int = 0  # prefixes computed once for several sequences (or taken cached)
+    shared_rows: int = 0  # sequences scored after a shared prefix
+
+    def tally(self, real: int, padded: int) -> None:
+        self.real_tokens += real
+        self.padded_tokens += padded
+
+    def summary(self) -> dict:
+        return {"real_tokens": self.real_tokens, "padded_tokens": self.padded_tokens,
+                "padding_fraction": round(padding_fraction(self.real_tokens,
+                                                           self.padded_tokens), 4),
+                "tokens_without_reuse": self.whole_tokens,
+                "reuse_saving": round(1 - self.real_tokens / self.whole_tokens, 4)
+                if self.whole_tokens else 0.0,
+                "reused_prefixes": self.reused_prefixes, "shared_rows": self.shared_rows}
 
 
 @dataclasses.dataclass
@@ -55,17 +95,32 @@ class FlaxLM:
 
     capabilities = frozenset({NEXT_TOKEN, SCORE, TOP_LOGPROBS, ENSEMBLE_DECODE})
 
-    def __init__(self, lm: LanguageModel, *, max_context: int = 2048, batch_size: int = 8,
+    def __init__(self, lm: LanguageModel, *, max_context: int = 2048,
+                 batch_size: int | None = None, tokens_per_batch: int = 4096,
+                 kv_reuse: bool = True, min_shared_tokens: int = 32,
+                 reuse_bytes: int | None = None, prefix_cache_bytes: int | None = None,
                  chunk: int = 16):
+        """``batch_size``: the most rows of a batch (default: as many as ``tokens_per_batch``
+        tokens allow); ``kv_reuse``: compute a prefix shared by ``min_shared_tokens`` or more
+        tokens of several scored sequences once; ``reuse_bytes``: the device memory for the
+        shared prefixes' keys and values in use at once (default 1 GiB on a CPU, 8 GiB on an
+        accelerator); ``prefix_cache_bytes``: the most kept across calls (default half of
+        ``reuse_bytes``; 0 keeps none)."""
         self.lm = lm
         self.name = lm.source or "flax-lm"
         self.tokenizer = lm.tokenizer
         self.max_context = min(max_context, lm.config.max_position)
         self.batch_size = batch_size
+        self.tokens_per_batch = tokens_per_batch
+        self.kv_reuse = kv_reuse
+        self.min_shared_tokens = min_shared_tokens
+        self.reuse_bytes = reuse_bytes or ((8 << 30) if _on_accelerator() else (1 << 30))
+        cache_bytes = self.reuse_bytes // 2 if prefix_cache_bytes is None else prefix_cache_bytes
+        self.prefix_cache = PrefixKV(cache_bytes) if cache_bytes > 0 else None
+        self.stats = ScoringStats()
         self.chunk = chunk
         self.cost = CostMeter()
-        self.buckets = tuple(b for b in LENGTH_BUCKETS if b < self.max_context) + (
-            self.max_context,)
+        self.buckets = bucket_lengths(self.max_context)
         cfg = lm.config
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_token_id or 0)
         self.eos_id = cfg.eos_token_id
@@ -95,6 +150,8 @@ class FlaxLM:
         self._score_fn = score_fn
         self._last_fn = last_fn
         self._topn_fn = topn_fn
+        self._prefix_fn, self._suffix_fn = compile_fns(graphdef, lm.config,
+                                                                lm.model.dtype)
 
     @classmethod
     def load(cls, source: str = DEFAULT_LM, dtype: str = "float32", **kwargs) -> "FlaxLM":
@@ -133,14 +190,20 @@ class FlaxLM:
         return self.bos + list(ids[:cut]), list(ids[cut:])
 
     def _bucket(self, length: int) -> int:
-        if length > self.max_context:
-            raise ValueError(f"sequence of {length} tokens exceeds the LM context of "
-                             f"{self.max_context}; shorten the input or the documents")
-        return next(b for b in self.buckets if b >= length)
+        return bucket(length, self.buckets)
 
-    def _batches(self, n: int):
-        for start in range(0, n, self.batch_size):
-            yield list(range(start, min(n, start + self.batch_size)))
+    def _batches(self, order: Sequence[int], lengths: Sequence[int]):
+        """``(indices, length bucket, padded rows)`` of each batch over ``order`` (sorted by
+        length): one length bucket per batch, rows from the token budget."""
+        by_bucket: dict[int, list[int]] = {}
+        for i in order:
+            by_bucket.setdefault(self._bucket(lengths[i]), []).append(int(i))
+        for length, idx in sorted(by_bucket.items()):
+            start = 0
+            for count, rows in batch_rows(len(idx), rows_for(length, self.tokens_per_batch,
+                                                              self.batch_size)):
+                yield idx[start:start + count], length, rows
+                start += count
 
     def _pack(self, seqs: Sequence[Sequence[int]], length: int, rows: int, *,
               left: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -154,37 +217,64 @@ class FlaxLM:
             positions[j, span] = np.arange(len(seq))
         return tokens, positions
 
-    def _rows(self, n: int) -> int:
-        """Rows of a batch: exactly ``n`` (≤ ``batch_size``). Padding rows would cost as much
-        as real ones on a compute-bound device; calls with a fixed K compile once per bucket."""
-        return min(self.batch_size, n)
-
     # -- capabilities --------------------------------------------------------------------------
 
     def score_token_ids(self, prefixes: Sequence[list[int]], continuations: Sequence[list[int]]
                         ) -> list[np.ndarray]:
-        """``log p(cont_t | prefix, cont_<t)`` for token-id pairs, batched and bucketed."""
-        out: list[np.ndarray] = [None] * len(prefixes)  # type: ignore[list-item]
-        lengths = [len(p) + len(c) for p, c in zip(prefixes, continuations)]
-        order = np.argsort(lengths, kind="stable")
+        """``log p(cont_t | prefix, cont_<t)`` for token-id pairs, batched and bucketed; a
+        prefix shared by several pairs (a passage retrieved for several queries) is computed
+        once (``kv_reuse``)."""
+        if any(len(p) == 0 for p in prefixes):
+            raise ValueError("cannot score a continuation after an empty prompt on a model "
+                             "without a BOS token")
+        seqs = [list(p) + list(c) for p, c in zip(prefixes, continuations)]
+        prompt_lens = [len(p) for p in prefixes]
+        for s in seqs:
+            self._bucket(len(s))  # one error, before any work
+        out: list[np.ndarray] = [None] * len(seqs)  # type: ignore[list-item]
+        groups, singles = [], list(range(len(seqs)))
         with Timer() as t:
-            for rows in self._batches(len(order)):
-                idx = [int(order[r]) for r in rows]
-                L = self._bucket(max(lengths[i] for i in idx))
-                seqs = [list(prefixes[i]) + list(continuations[i]) for i in idx]
-                tokens, positions = self._pack(seqs, L, self._rows(len(idx)))
+            if self.kv_reuse:
+                groups, singles = self._plan(seqs, prompt_lens)
+                score_grouped(self, self.state, seqs, prompt_lens, groups, out,
+                                       self.stats.tally)
+            lengths = [len(s) for s in seqs]
+            order = sorted(singles, key=lambda i: lengths[i])
+            for idx, length, rows in self._batches(order, lengths):
+                tokens, positions = self._pack([seqs[i] for i in idx], length, rows)
                 targets = np.zeros_like(tokens)
-                for j, seq in enumerate(seqs):
-                    targets[j, :len(seq) - 1] = seq[1:]
-                logp = np.asarray(self._score_fn(self.state, tokens, positions, targets))
                 for j, i in enumerate(idx):
-                    p, c = len(prefixes[i]), len(continuations[i])
-                    if p == 0:
-                        raise ValueError("cannot score a continuation after an empty prompt "
-                                         "on a model without a BOS token")
-                    out[i] = logp[j, p - 1:p - 1 + c].astype(np.float32)
-        self.cost.add(len(prefixes), sum(lengths), 0, t.seconds)
+                    targets[j, :lengths[i] - 1] = seqs[i][1:]
+                logp = np.asarray(self._score_fn(self.state, tokens, positions, targets))
+                self.stats.tally(sum(lengths[i] for i in idx), rows * length)
+                for j, i in enumerate(idx):
+                    p = prompt_lens[i]
+                    out[i] = logp[j, p - 1:lengths[i] - 1].astype(np.float32)
+        self.stats.whole_tokens += sum(map(len, seqs))
+        self.stats.reused_prefixes += len(groups)
+        self.stats.shared_rows += sum(len(g.members) for g in groups)
+        self.cost.add(len(prefixes), sum(map(len, seqs)), 0, t.seconds)
         return out
+
+    def _plan(self, seqs, prompt_lens):
+        """Prefix groups for this call: sequences starting with a prefix kept from an
+        earlier call join it; the rest are grouped by :func:`plan_prefixes`."""
+        limits = [p - 1 for p in prompt_lens]
+        cached: dict[tuple, list[int]] = {}
+        rest = []
+        for i, s in enumerate(seqs):
+            n = (self.prefix_cache.longest(s, limits[i], self.min_shared_tokens)
+                 if self.prefix_cache is not None else 0)
+            if n:
+                cached.setdefault(tuple(s[:n]), []).append(i)
+            else:
+                rest.append(i)
+        groups, singles = plan_prefixes([seqs[i] for i in rest], [limits[i] for i in rest],
+                                        min_shared=self.min_shared_tokens)
+        groups = [dataclasses.replace(g, members=tuple(rest[j] for j in g.members))
+                  for g in groups]
+        groups += [PrefixGroup(len(key), tuple(m)) for key, m in cached.items()]
+        return groups, [rest[j] for j in singles]
 
     def score_continuations(self, prompts, continuations) -> list[ContinuationScore]:
         pairs = [self.split_continuation(p, c) for p, c in zip(prompts, continuations)]
@@ -195,16 +285,16 @@ class FlaxLM:
 
     def next_token_logprobs_ids(self, prefixes: Sequence[list[int]]) -> np.ndarray:
         out = np.zeros((len(prefixes), self.lm.config.vocab_size), np.float32)
+        lengths = [len(p) for p in prefixes]
         with Timer() as t:
-            for rows in self._batches(len(prefixes)):
-                L = self._bucket(max(len(prefixes[i]) for i in rows))
-                rows_ = self._rows(len(rows))
-                tokens, positions = self._pack([prefixes[i] for i in rows], L, rows_)
-                last = np.zeros(rows_, np.int32)
-                last[:len(rows)] = [len(prefixes[i]) - 1 for i in rows]
+            for idx, length, rows in self._batches(np.argsort(lengths, kind="stable"),
+                                                   lengths):
+                tokens, positions = self._pack([prefixes[i] for i in idx], length, rows)
+                last = np.zeros(rows, np.int32)
+                last[:len(idx)] = [lengths[i] - 1 for i in idx]
                 lp = self._last_fn(self.state, tokens, positions, last)
-                out[rows] = np.asarray(lp[: len(rows)])
-        self.cost.add(len(prefixes), sum(map(len, prefixes)), 0, t.seconds)
+                out[idx] = np.asarray(lp[: len(idx)])
+        self.cost.add(len(prefixes), sum(lengths), 0, t.seconds)
         return out
 
     def next_token_logprobs(self, prompts: Sequence[str]) -> np.ndarray:
@@ -218,17 +308,16 @@ class FlaxLM:
                                ) -> list[tuple[np.ndarray, np.ndarray]]:
         """:meth:`position_top_logprobs` for many sequences, batched and bucketed."""
         out: list = [None] * len(seqs)
-        order = np.argsort([len(s) for s in seqs], kind="stable")
+        lengths = [len(s) for s in seqs]
         with Timer() as t:
-            for rows in self._batches(len(order)):
-                idx = [int(order[r]) for r in rows]
-                L = self._bucket(max(len(seqs[i]) for i in idx))
-                tokens, positions = self._pack([seqs[i] for i in idx], L, len(idx))
+            for idx, length, rows in self._batches(np.argsort(lengths, kind="stable"),
+                                                   lengths):
+                tokens, positions = self._pack([seqs[i] for i in idx], length, rows)
                 lp, top = self._topn_fn(self.state, tokens, positions, n)
                 lp, top = np.asarray(lp), np.asarray(top)
                 for j, i in enumerate(idx):
-                    out[i] = (lp[j, :len(seqs[i])], top[j, :len(seqs[i])])
-        self.cost.add(len(seqs), sum(map(len, seqs)), 0, t.seconds)
+                    out[i] = (lp[j, :lengths[i]], top[j, :lengths[i]])
+        self.cost.add(len(seqs), sum(lengths), 0, t.seconds)
         return out
 
     def top_logprobs(self, prompts: Sequence[str], n: int, generated: str = ""
