@@ -18,8 +18,20 @@ def qa_prompt(question: str, tokenizer=None, *, demonstrations: Sequence[tuple[s
     if use_chat and not demonstrations:
         return tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                              add_generation_prompt=True, tokenize=False)
-    shots = "".join(PLAIN_QA.format(question=q) + f" {a}\n\n" for q, a in demonstrations)
-    return shots + PLAIN_QA.format(question=question)
+    return demonstrations_text(demonstrations) + PLAIN_QA.format(question=question)
+
+
+def demonstrations_text(demonstrations: Sequence[tuple[str, str]]) -> str:
+    """The few-shot block that :func:`qa_prompt` puts before the question."""
+    return "".join(PLAIN_QA.format(question=q) + f" {a}\n\n" for q, a in demonstrations)
+
+
+# Where a QA branch puts the few-shot demonstrations (``QAEvaluator(layout=)``):
+# "document_first" is the paper's d ∘ demonstrations ∘ question (§3.2: the document is
+# prepended to the whole input); "demonstrations_first" is demonstrations ∘ d ∘ question, whose
+# demonstrations are a prefix shared by every branch and question (their keys and values are
+# computed once; see lm.kv_reuse), at the price of a different prompt.
+QA_LAYOUTS = ("document_first", "demonstrations_first")
 
 
 def document_budget(lm, context: str, separator: str, reserve: int = 0) -> int:
@@ -35,9 +47,10 @@ def document_budget(lm, context: str, separator: str, reserve: int = 0) -> int:
 
 
 def document_prompt(lm, doc: str, context: str, *, separator: str = "\n\n", reserve: int = 0,
-                    budget: int | None = None) -> tuple[str, int]:
-    """One REPLUG branch input ``d ∘ x`` (paper §3.2): ``doc + separator + context``, with the
-    document cut from its end so that the prompt and ``reserve`` continuation tokens fit
+                    budget: int | None = None, prefix: str = "") -> tuple[str, int]:
+    """One REPLUG branch input ``d ∘ x`` (paper §3.2): ``prefix + doc + separator + context``
+    (``prefix`` is empty but in the demonstrations-first QA layout), with the document cut
+    from its end so that the prompt and ``reserve`` continuation tokens fit
     ``lm.max_context``. Returns ``(prompt, cuts)``: how many times the document was shortened.
 
     Inference (:class:`~replug_jax.replug.Replug`) and LSR supervision
@@ -47,15 +60,15 @@ def document_prompt(lm, doc: str, context: str, *, separator: str = "\n\n", rese
     count is checked and the document shortened until it fits (one token of margin for BOS).
     """
     if budget is None:
-        budget = document_budget(lm, context, separator, reserve)
+        budget = document_budget(lm, prefix + context, separator, reserve)
     if budget <= 0:  # no room at all: the branch is the context alone after the separator
-        return separator + context, 0
+        return prefix + separator + context, 0
     text = lm.truncate(doc, budget) if lm.max_context is not None else doc
     cuts = int(text != doc)
     if lm.max_context is None:
-        return text + separator + context, cuts
+        return prefix + text + separator + context, cuts
     while True:
-        prompt = text + separator + context
+        prompt = prefix + text + separator + context
         over = lm.count_tokens(prompt) + reserve + 1 - lm.max_context
         if over <= 0 or not text:
             return prompt, cuts

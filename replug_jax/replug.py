@@ -136,10 +136,12 @@ class Replug:
             self.truncated_documents += 1
         return cut
 
-    def _compose(self, doc: str, context: str, budget: int, reserve: int) -> str:
-        """``doc ∘ separator ∘ context`` fitted to the LM context (:func:`document_prompt`)."""
+    def _compose(self, doc: str, context: str, budget: int, reserve: int, prefix: str = ""
+                 ) -> str:
+        """``prefix ∘ doc ∘ separator ∘ context`` fitted to the LM context
+        (:func:`document_prompt`)."""
         prompt, cuts = document_prompt(self.lm, doc, context, separator=self.separator,
-                                       reserve=reserve, budget=budget)
+                                       reserve=reserve, budget=budget, prefix=prefix)
         self.truncated_documents += cuts
         return prompt
 
@@ -168,8 +170,13 @@ class Replug:
 
     def branches(self, contexts: Sequence[str], queries: Sequence[str] | None = None, *,
                  mode: str | None = None, k: int | None = None, exclude_ids=None,
-                 reserve: Sequence[int] | int = 0) -> tuple[list[Branches], float]:
-        """The per-query branch prompts and log-weights for ``mode``; returns retrieval time."""
+                 reserve: Sequence[int] | int = 0, prefixes: Sequence[str] | None = None
+                 ) -> tuple[list[Branches], float]:
+        """The per-query branch prompts and log-weights for ``mode``; returns retrieval time.
+
+        ``prefixes`` (one per context) go before the document in every branch (and before the
+        context alone in mode ``none``): the demonstrations-first QA layout
+        (``prompts.QA_LAYOUTS``); by default branches are ``d ∘ x`` as in the paper."""
         mode = mode or self.mode
         k = k or self.k
         if mode not in MODES:
@@ -178,9 +185,12 @@ class Replug:
         if len(queries) != len(contexts):
             raise ValueError(f"{len(queries)} queries for {len(contexts)} contexts")
         reserves = [reserve] * len(contexts) if isinstance(reserve, int) else list(reserve)
+        prefixes = [""] * len(contexts) if prefixes is None else list(prefixes)
+        if len(prefixes) != len(contexts):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(contexts)} contexts")
         if mode == "none":
-            return [Branches([c], np.zeros(1, np.float32), [], np.full(1, np.nan))
-                    for c in contexts], 0.0
+            return [Branches([f + c], np.zeros(1, np.float32), [], np.full(1, np.nan))
+                    for f, c in zip(prefixes, contexts)], 0.0
         if mode == "random":
             rng = np.random.default_rng(self.seed)
             out = []
@@ -190,8 +200,9 @@ class Replug:
                 ps = self._random_passages(store, k, excluded[qi], rng)
                 if not ps:
                     raise ValueError(f"query {qi}: every passage is excluded")
-                budget = self._budget(c, r)
-                out.append(Branches([self._compose(corpus_text(p), c, budget, r) for p in ps],
+                budget = self._budget(prefixes[qi] + c, r)
+                out.append(Branches([self._compose(corpus_text(p), c, budget, r, prefixes[qi])
+                                     for p in ps],
                                     np.full(len(ps), -np.log(len(ps)), np.float32), ps,
                                     np.full(len(ps), np.nan)))
             return out, 0.0
@@ -202,7 +213,7 @@ class Replug:
             if not ps:
                 raise ValueError(f"retrieval returned no passage for query {i}")
             scores = res.scores[i, :len(ps)].astype(np.float32)
-            budget = self._budget(c, r)
+            budget = self._budget(prefixes[i] + c, r)
             if mode == "concat":
                 docs, left = [], budget
                 for p in ps:
@@ -211,11 +222,11 @@ class Replug:
                         break
                     docs.append(text)
                     left -= self.lm.count_tokens(text + self.separator)
-                prompt = self._compose(self.separator.join(docs), c, budget, r)
+                prompt = self._compose(self.separator.join(docs), c, budget, r, prefixes[i])
                 out.append(Branches([prompt], np.zeros(1, np.float32), ps[:len(docs)], scores))
                 continue
             log_w = np.asarray(retrieval_log_weights(scores[None], self.retrieval_temperature))[0]
-            prompts = [self._compose(corpus_text(p), c, budget, r) for p in ps]
+            prompts = [self._compose(corpus_text(p), c, budget, r, prefixes[i]) for p in ps]
             out.append(Branches(prompts, log_w, ps, scores))
         return out, seconds
 
@@ -223,23 +234,24 @@ class Replug:
 
     def score(self, contexts: Sequence[str], continuations: Sequence[str],
               queries: Sequence[str] | None = None, *, mode: str | None = None,
-              k: int | None = None, exclude_ids=None, reliance: bool = True
-              ) -> list[ScoreResult]:
+              k: int | None = None, exclude_ids=None, reliance: bool = True,
+              prefixes: Sequence[str] | None = None) -> list[ScoreResult]:
         """Ensemble log-likelihood of each continuation given its context (teacher forcing).
 
         The per-token mixture ``log Σ_k λ_k p(y_t | d_k ∘ x, y_<t)`` is the REPLUG next-token
-        probability of §3.2 evaluated at the gold tokens.
+        probability of §3.2 evaluated at the gold tokens. ``prefixes``: see :meth:`branches`.
         """
         require(self.lm, SCORE, "REPLUG scoring")
         if len(contexts) != len(continuations):
             raise ValueError(f"{len(contexts)} contexts for {len(continuations)} continuations")
         call = self._start(contexts, queries, mode, k, exclude_ids,
-                           reserve=[self.lm.count_tokens(c) for c in continuations])
+                           reserve=[self.lm.count_tokens(c) for c in continuations],
+                           prefixes=prefixes)
         mode, k, groups = call.mode, call.k, call.groups
         prompts = [p for g in groups for p in g.prompts]
         conts = [c for g, c in zip(groups, continuations) for _ in g.prompts]
         if reliance and mode != "none":
-            prompts += list(contexts)
+            prompts += [f + c for f, c in zip(prefixes or [""] * len(contexts), contexts)]
             conts += list(continuations)
         scored = self.lm.score_continuations(prompts, conts)
         results, pos = [], 0
@@ -268,13 +280,14 @@ class Replug:
             r.cost = cost
         return results
 
-    def _start(self, texts, queries, mode, k, exclude_ids, reserve) -> "_Call":
+    def _start(self, texts, queries, mode, k, exclude_ids, reserve, prefixes=None) -> "_Call":
         """What every entry point opens with: the mode and k in force, the cost meter's
         reading and the clock, then retrieval and the branches."""
         mode, k = mode or self.mode, k or self.k
         t_wall, before = time.perf_counter(), self.lm.cost.snapshot()
         groups, retrieval_s = self.branches(texts, queries, mode=mode, k=k,
-                                            exclude_ids=exclude_ids, reserve=reserve)
+                                            exclude_ids=exclude_ids, reserve=reserve,
+                                            prefixes=prefixes)
         return _Call(mode, k, groups, t_wall, before, retrieval_s)
 
     def _cost(self, call: "_Call", n: int) -> dict:
@@ -352,14 +365,16 @@ class Replug:
                  sampling_temperature: float = 0.0, top_p: float = 1.0,
                  stop: Sequence[str] = (), queries: Sequence[str] | None = None,
                  mode: str | None = None, k: int | None = None, exclude_ids=None,
-                 seed: int | None = None, temperature: float | None = None
-                 ) -> list[GenerationResult]:
+                 seed: int | None = None, temperature: float | None = None,
+                 prefixes: Sequence[str] | None = None) -> list[GenerationResult]:
         """Coordinated decoding: each step's token comes from the mixture over the branches
         and is appended to every branch (§3.2). Greedy when ``sampling_temperature == 0``
-        (``temperature`` is its older name, accepted with a warning)."""
+        (``temperature`` is its older name, accepted with a warning). ``prefixes``: see
+        :meth:`branches`."""
         sampling_temperature = _renamed("temperature", temperature, "sampling_temperature",
                                         sampling_temperature, default=0.0)
-        call = self._start(prompts, queries, mode, k, exclude_ids, reserve=max_new_tokens)
+        call = self._start(prompts, queries, mode, k, exclude_ids, reserve=max_new_tokens,
+                           prefixes=prefixes)
         mode, k, groups = call.mode, call.k, call.groups
         seed = self.seed if seed is None else seed
         approximation = None

@@ -236,3 +236,37 @@ def test_retrieval_evaluator_recall_by_hand():
     out = RetrievalEvaluator(["a", "b", "c"], [1, 2, 3], ks=(1, 2, 4)).run(pipe)
     assert out["recall@1"] == pytest.approx(1 / 3) and out["recall@2"] == 1.0
     assert out["recall@4"] == 1.0 and out["queries"] == 3
+
+
+def test_qa_layouts_put_the_demonstrations_before_or_after_the_document():
+    """document_first is the paper's d ∘ demonstrations ∘ question; demonstrations_first puts
+    the shared demonstrations before every document."""
+    from _models import tiny_lm, tiny_retriever
+    from replug_jax.eval.qa import QAEvaluator
+    from replug_jax.replug import Replug
+    from replug_jax.retrieval.corpus import Passage
+    from replug_jax.retrieval.index import index_in_memory
+
+    lm, retriever = tiny_lm(0), tiny_retriever(0)
+    passages = [Passage(i, t, "") for i, t in enumerate(["Paris is in France.", "Rome is old."])]
+    pipe = Replug(lm, retriever, index_in_memory(passages, retriever), k=2)
+    shots = [("Capital of Spain?", "Madrid")]
+    seen = []
+    original = lm.score_continuations
+    lm.score_continuations = lambda p, c: seen.extend(p) or original(p, c)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        QAEvaluator(["Capital of France?"], [["Paris"]], [0], layout="sideways")
+    rows = {}
+    for layout in ("document_first", "demonstrations_first"):
+        seen.clear()
+        ev = QAEvaluator(["Capital of France?"], [["Paris"]], [0], demonstrations=shots,
+                         layout=layout, modes=("replug",), progress=False)
+        rows[layout] = ev.run(pipe)["replug"]
+        assert len(seen) == 2
+        for prompt in seen:
+            assert prompt.endswith("Question: Capital of France?\nAnswer:")
+            demo_at = prompt.index("Question: Capital of Spain?")
+            doc_at = min(prompt.find(p.text) for p in passages if p.text in prompt)
+            assert (demo_at < doc_at) == (layout == "demonstrations_first")
+    assert (rows["document_first"]["mean_answer_loglik"]
+            != rows["demonstrations_first"]["mean_answer_loglik"])

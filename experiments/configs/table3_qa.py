@@ -15,6 +15,9 @@ class QAConfig:
     corpus_file: str = ""  # nq_gold: a JSONL corpus instead of the 624 passages (gold ids kept)
     demonstrations_file: str = ""  # JSONL few-shot pairs (default: the last `shots` questions)
     shots: int = 4  # paper: 16-shot for NQ
+    # document_first: d ∘ demonstrations ∘ question (the paper); demonstrations_first:
+    # demonstrations ∘ d ∘ question (a prefix every branch shares: computed once)
+    layout: str = "document_first"
     k: int = 5
     temperature: float = 1.0  # the retrieval temperature τ of λ = softmax(s/τ) (paper: 1)
     modes: tuple = ("none", "replug", "random", "concat")
@@ -58,6 +61,11 @@ CONFIGS = {
     "nq_open100": QAConfig(dataset="nq_open", modes=("none", "replug"), generate_modes=()),
     "nq_open30": QAConfig(dataset="nq_open", num_questions=30, modes=("none", "replug"),
                           generate_modes=()),
+    # What the demonstrations-first layout changes (likelihood and EM, same 100 questions).
+    "nq100_shared_demos": QAConfig(modes=("none", "replug"), generate_modes=("none", "replug"),
+                                   layout="demonstrations_first"),
+    "nq100_document_first": QAConfig(modes=("none", "replug"),
+                                     generate_modes=("none", "replug")),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
 }

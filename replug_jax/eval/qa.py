@@ -64,7 +64,9 @@ class QAEvaluator:
 
     ``selected`` are the evaluated question indices; the prompt of question ``i`` is
     ``demonstrations`` (question, answer pairs) then the question, and the retrieval query is
-    the question alone. ``gold_doc`` maps a question index to its gold passage id, when known
+    the question alone; ``layout`` (``prompts.QA_LAYOUTS``) puts the demonstrations after the
+    document (``document_first``, the paper's ``d ∘ demonstrations ∘ question``) or before it
+    (``demonstrations_first``: a prefix every branch shares). ``gold_doc`` maps a question index to its gold passage id, when known
     (the gold passage's mean weight λ and recall@k are then reported). With ``partial``, every
     per-question record is appended to that JSONL file as it is computed and reused on a rerun
     with the same ``label``: an interrupted evaluation resumes where it stopped. After ``run``,
@@ -76,6 +78,7 @@ class QAEvaluator:
     answers: Sequence[Sequence[str]]
     selected: Sequence[int]
     demonstrations: Sequence[tuple[str, str]] = ()
+    layout: str = "document_first"
     modes: Sequence[str] = ("none", "replug")
     generate_modes: Sequence[str] = ()
     likelihood: bool = True
@@ -88,12 +91,29 @@ class QAEvaluator:
     name: str = "qa"
     records: dict = dataclasses.field(default_factory=dict, init=False)
 
-    def _question(self, pipe, mode: str, i: int, prompt: str) -> dict:
+    def __post_init__(self):
+        from replug_jax.prompts import QA_LAYOUTS
+
+        if self.layout not in QA_LAYOUTS:
+            raise ValueError(f"layout must be one of {QA_LAYOUTS}, got {self.layout!r}")
+
+    def _prompt(self, i: int) -> tuple[str, str]:
+        """``(prefix, prompt)`` of question ``i`` in the evaluator's layout."""
+        from replug_jax.prompts import demonstrations_text, qa_prompt
+
+        if self.layout == "demonstrations_first":
+            return (demonstrations_text(self.demonstrations),
+                    qa_prompt(self.questions[i], chat=False))
+        return "", qa_prompt(self.questions[i], demonstrations=self.demonstrations, chat=False)
+
+    def _question(self, pipe, mode: str, i: int, prompt: tuple[str, str]) -> dict:
         question, answers = self.questions[i], list(self.answers[i])
+        prefix, prompt = prompt
+        shared = {"prefixes": [prefix]} if prefix else {}  # any pipe takes the paper's layout
         rec = {"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
         if self.likelihood:
             [s] = pipe.score([prompt], [" " + answers[0]], [question], mode=mode,
-                             reliance=False)
+                             reliance=False, **shared)
             rec = {"loglik": s.loglik, "cost": {"lm_calls": s.cost["lm_calls"],
                                                 "input_tokens": s.cost["input_tokens"]}}
             if mode == "replug" and self.gold_doc is not None and i in self.gold_doc:
@@ -102,7 +122,7 @@ class QAEvaluator:
                            gold_hit=self.gold_doc[i] in w)
         if mode in self.generate_modes:
             [g] = pipe.generate([prompt], self.max_new_tokens, stop=["\n"], queries=[question],
-                                mode=mode)
+                                mode=mode, **shared)
             pred = first_line(g.text)
             rec.update(prediction=pred, em=exact_match(pred, answers),
                        f1=f1_score(pred, answers))
@@ -128,10 +148,7 @@ class QAEvaluator:
     def run(self, pipe) -> dict:
         from tqdm.auto import tqdm
 
-        from replug_jax.prompts import qa_prompt
-
-        prompts = {i: qa_prompt(self.questions[i], demonstrations=self.demonstrations,
-                                chat=False) for i in self.selected}
+        prompts = {i: self._prompt(i) for i in self.selected}
         done = self._done()
         out = {}
         for mode in self.modes:
