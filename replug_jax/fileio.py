@@ -54,14 +54,22 @@ def replace_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
 
 def read_jsonl(path: str | pathlib.Path) -> list[dict]:
     """Objects of a JSONL file (blank lines skipped); bad lines and empty files raise."""
+    return [row for _, row in read_jsonl_lines(path)]
+
+
+def read_jsonl_lines(path: str | pathlib.Path) -> list[tuple[int, dict]]:
+    """``(line number, object)`` of every non-blank line of a JSONL file, lines counted from 1
+    as physical lines (blank ones included) and split at ``\n`` only, as the corpus reader
+    does (``str.splitlines`` would also split inside a JSON string at U+2028 and other
+    Unicode line separators, which JSON allows unescaped)."""
     path = pathlib.Path(path)
     if not path.exists():
         raise ValueError(f"{path}: no such data file")
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append((lineno, json.loads(line)))
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
     if not rows:

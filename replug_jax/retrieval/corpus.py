@@ -43,6 +43,13 @@ class CorpusError(ValueError):
     """A corpus that cannot be used: the message names the file and the problem."""
 
 
+def document_id(rec: dict, lineno: int) -> str:
+    """A JSONL record's document id: its ``id`` field, else its physical line number (from 1,
+    blank lines counted). Every reader of a JSONL corpus or of LSR examples cut from one uses
+    this rule, so the leakage filter names the same documents the corpus does."""
+    return str(rec["id"]) if rec.get("id") is not None else str(lineno)
+
+
 def iter_documents(path: str | pathlib.Path) -> Iterator[Document]:
     """Stream documents from ``.jsonl`` (``{"id","text","title"?}``), ``.parquet`` (columns
     ``text`` and optionally ``id``, ``title``), ``.tsv`` (DPR's ``psgs_w100.tsv``: a header
@@ -93,10 +100,13 @@ def iter_documents(path: str | pathlib.Path) -> Iterator[Document]:
                     if not isinstance(rec, dict) or "text" not in rec:
                         raise CorpusError(f"{path}:{lineno}: expected an object with a 'text' "
                                           "field")
-                    if not str(rec["text"]).strip():
+                    if rec["text"] is not None and not isinstance(rec["text"], str):
+                        raise CorpusError(f"{path}:{lineno}: 'text' must be a string, got "
+                                          f"{type(rec['text']).__name__}")
+                    if not (rec["text"] or "").strip():  # null or blank
                         skipped += 1
                         continue
-                    yield Document(str(rec.get("id", lineno)), str(rec["text"]),
+                    yield Document(document_id(rec, lineno), rec["text"],
                                    str(rec.get("title") or ""))
                 else:
                     yield Document(str(lineno), text)

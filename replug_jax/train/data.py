@@ -14,8 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax.fileio import read_jsonl
+from replug_jax.fileio import read_jsonl, read_jsonl_lines
 from replug_jax.prompts import qa_prompt
+from replug_jax.retrieval.corpus import document_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,15 +64,15 @@ def lm_examples(path: str | pathlib.Path, tokenizer, context_tokens: int = 128,
     (:func:`~replug_jax.retrieval.corpus.leakage_exclusions`)."""
     out = []
     width = context_tokens + continuation_tokens
-    for i, row in enumerate(read_jsonl(path)):
-        text = str(row.get("text", ""))
+    for lineno, row in read_jsonl_lines(path):
+        text = row.get("text") or ""
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = enc["offset_mapping"]
         for w, start in enumerate(range(0, len(offsets) - width + 1, width)):
             a = offsets[start][0]
             b = offsets[start + context_tokens][0]
             c = offsets[start + width - 1][1]
-            source = str(row.get("id", i + 1))  # as read_documents names the same row
+            source = document_id(row, lineno)  # as the corpus reader names the same row
             out.append(Example(f"{source}:{w}", text[a:b], text[a:b], text[b:c],
                                source_id=source, span=(a, c)))
     if not out:

@@ -1,0 +1,221 @@
+"""LM scoring throughput on REPLUG-shaped workloads, as ratios measured in one run.
+
+Two workloads of (passage, input, continuation) triples, scored as REPLUG's branches
+``d ∘ x`` (``FlaxLM.score_continuations``, the entry of the pool builder, ``Replug.score`` and
+the evaluators):
+
+* ``squad``: SQuAD questions of a few articles, each with its top-``k`` paragraphs of those
+  articles by the retriever (the shape of an LSR pool or a QA evaluation: a paragraph recurs
+  across many questions of its article); continuation = the first gold answer;
+* ``nq``: NQ questions with their top-``k`` of the NQ gold passages and 4 demonstrations, in the
+  paper's layout ``d ∘ demonstrations ∘ question`` and in the demonstrations-first one
+  (``demonstrations ∘ d ∘ question``, whose demonstrations every branch shares).
+
+Contenders, timed in alternation: the previous release's path (``FlaxLM`` before document KV
+reuse: batches of 8 rows, buckets 32/64/128/192/256/384/512, no reuse), the current default
+(token-budget batches, a fine bucket grid, document KV reuse), the current batching without
+reuse, and PyTorch ``transformers`` scoring the same token ids in length-sorted, right-padded
+batches of 8. Reported: pairs/s, ratios, the largest log-prob difference to the previous path
+(and to PyTorch), padding, the share of tokens reuse saved, and the fraction of the measured
+matmul peak (FLOPs of the tokens each contender really processes / time / peak).
+
+Usage: ``python -m benches.bench_scoring [--quick] [--data DIR] [--dtype bfloat16]``; needs the
+SQuAD and NQ files of ``../shared/data`` (or ``--data``; ``$REPLUG_SHARED_DATA``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+
+import numpy as np
+
+from benches.common import best_times, matmul_peak_flops, write
+
+PREVIOUS_BUCKETS = (32, 64, 128, 192, 256, 384, 512)
+
+
+def squad_pairs(data: pathlib.Path, retriever, articles: int, questions: int, k: int):
+    """``(prompts, continuations)``: ``questions`` questions from each of the first
+    ``articles`` SQuAD dev articles, each with its top-``k`` paragraphs of those articles."""
+    from replug_jax.prompts import qa_prompt
+
+    squad = json.loads((data / "squad_v1.1" / "dev-v1.1.half_a.json").read_text())["data"]
+    paras, qs = [], []
+    for art in squad[:articles]:
+        paras += [f"{art['title']}: {p['context']}" for p in art["paragraphs"]]
+        per = [(qa["question"], qa["answers"][0]["text"]) for p in art["paragraphs"]
+               for qa in p["qas"]]
+        qs += per[:: max(1, len(per) // questions)][:questions]
+    p_emb = retriever.encode_passages(paras)
+    q_emb = retriever.encode_queries([q for q, _ in qs])
+    top = np.argsort(-(q_emb @ p_emb.T), axis=1)[:, :k]
+    prompts, conts = [], []
+    for (q, a), row in zip(qs, top):
+        for j in row:
+            prompts.append(paras[j] + "\n\n" + qa_prompt(q, chat=False))
+            conts.append(" " + a)
+    return prompts, conts
+
+
+def nq_pairs(data: pathlib.Path, retriever, questions: int, k: int, shots: int = 4):
+    """NQ questions with their top-``k`` gold passages of the first 200 rows and ``shots``
+    demonstrations, in both layouts: ``{layout: (prompts, continuations)}``."""
+    from replug_jax.prompts import demonstrations_text, qa_prompt
+
+    rows = [json.loads(line) for line in
+            (data / "nq_gold_passages" / "nq_openbook.jsonl").read_text().splitlines()[:200]]
+    passages = [r["query"].split("\n\nQuestion:")[0].removeprefix("Context: ") for r in rows]
+    qs = [(r["query"].split("\n\nQuestion: ")[1].split("\nAnswer:")[0], r["answer"])
+          for r in rows]
+    demos = qs[-shots:]
+    qs = qs[:questions]
+    top = np.argsort(-(retriever.encode_queries([q for q, _ in qs])
+                       @ retriever.encode_passages(passages).T), axis=1)[:, :k]
+    shots_text = demonstrations_text(demos)
+    out = {"document_first": ([], []), "demonstrations_first": ([], [])}
+    for (q, a), row in zip(qs, top):
+        for j in row:
+            out["document_first"][0].append(
+                passages[j] + "\n\n" + qa_prompt(q, demonstrations=demos, chat=False))
+            out["demonstrations_first"][0].append(
+                shots_text + passages[j] + "\n\n" + qa_prompt(q, chat=False))
+            for layout in out:
+                out[layout][1].append(" " + a)
+    return out
+
+
+def torch_scorer(source: str, lm, dtype: str):
+    """Scores token-id pairs with PyTorch ``transformers`` on the same weights."""
+    import torch
+
+    from benches.common import torch_causal_lm
+
+    model = torch_causal_lm(source, dtype, "cpu")
+
+    def score(prefixes, conts, rows=8):
+        seqs = [list(p) + list(c) for p, c in zip(prefixes, conts)]
+        order = np.argsort([len(s) for s in seqs], kind="stable")
+        out = [None] * len(seqs)
+        with torch.inference_mode():
+            for lo in range(0, len(order), rows):
+                idx = order[lo:lo + rows]
+                length = max(len(seqs[i]) for i in idx)
+                ids = torch.full((len(idx), length), lm.pad_id, dtype=torch.long)
+                mask = torch.zeros((len(idx), length), dtype=torch.long)
+                for j, i in enumerate(idx):
+                    ids[j, :len(seqs[i])] = torch.tensor(seqs[i])
+                    mask[j, :len(seqs[i])] = 1
+                logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits
+                                         .float(), -1)
+                for j, i in enumerate(idx):
+                    p, c = len(prefixes[i]), len(conts[i])
+                    tgt = torch.tensor(seqs[i][p:p + c])
+                    out[i] = logp[j, p - 1:p - 1 + c].gather(-1, tgt[:, None])[:, 0].numpy()
+        return out
+
+    return score
+
+
+def measure(name, prompts, conts, contenders, torch_score, cfg, peak, repeats, rows, out):
+    first = next(iter(contenders.values()))
+    pairs = [first.split_continuation(p, c) for p, c in zip(prompts, conts)]
+    prefixes, cont_ids = [a for a, _ in pairs], [b for _, b in pairs]
+    results, stats = {}, {}
+    for label, lm in contenders.items():  # the warm-up call compiles every shape
+        results[label] = lm.score_token_ids(prefixes, cont_ids)
+        lm.stats = type(lm.stats)()
+        if lm.prefix_cache is not None:
+            lm.prefix_cache.clear()
+        lm.score_token_ids(prefixes, cont_ids)
+        stats[label] = lm.stats.summary()
+
+    def fresh(lm):  # each timed call starts with no prefix kept from the previous one
+        def run():
+            if lm.prefix_cache is not None:
+                lm.prefix_cache.clear()
+            lm.score_token_ids(prefixes, cont_ids)
+        return run
+
+    fns = {label: fresh(lm) for label, lm in contenders.items()}
+    if torch_score is not None:
+        results["pytorch"] = torch_score(prefixes, cont_ids)
+        fns["pytorch"] = lambda: torch_score(prefixes, cont_ids)
+    times = best_times(fns, repeats=repeats, warmup=0)
+    ref = np.concatenate(results["previous"])
+    mean_len = float(np.mean([len(a) + len(b) for a, b in pairs]))
+    flops_tok = cfg.flops_per_token(int(mean_len))
+    row = {"pairs": len(pairs), "mean_tokens_per_pair": round(mean_len, 1)}
+    for label, t in times.items():
+        processed = stats[label]["real_tokens"] if label in stats else sum(
+            len(a) + len(b) for a, b in pairs)
+        row[label] = {"seconds": t, "pairs_per_s": len(pairs) / t,
+                      "max_abs_logprob_diff_vs_previous": float(
+                          np.max(np.abs(np.concatenate(results[label]) - ref))),
+                      "peak_fraction": processed * flops_tok / t / peak,
+                      **stats.get(label, {})}
+    base = times["previous"]
+    for label, t in times.items():
+        row[label]["speedup_vs_previous"] = base / t
+        if "pytorch" in times:
+            row[label]["speedup_vs_pytorch"] = times["pytorch"] / t
+    out[name] = row
+    for label, r in row.items():
+        if not isinstance(r, dict):
+            continue
+        rows.append((name, label, f"{r['pairs_per_s']:.2f}", f"{r['speedup_vs_previous']:.2f}x",
+                     f"{r.get('speedup_vs_pytorch', float('nan')):.2f}x",
+                     f"{r.get('padding_fraction', float('nan')):.3f}",
+                     f"{r.get('reuse_saving', 0.0):.3f}", f"{100 * r['peak_fraction']:.0f} %",
+                     f"{r['max_abs_logprob_diff_vs_previous']:.1e}"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
+    ap.add_argument("--data", default=os.environ.get("REPLUG_SHARED_DATA", str(
+        pathlib.Path(__file__).resolve().parents[2] / "shared" / "data")),
+                    help="folder with squad_v1.1/ and nq_gold_passages/ (default ../shared/data)")
+    ap.add_argument("--lm", default="smollm2", help="LM source (default the packaged SmolLM2)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="LM parameter dtype (default float32)")
+    ap.add_argument("--k", type=int, default=8, help="passages per question (default 8)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed rounds (default 2)")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    ap.add_argument("--name", default="scoring", help="results file stem (default scoring)")
+    args = ap.parse_args(argv)
+    data = pathlib.Path(args.data)
+    if not (data / "squad_v1.1").is_dir() or not (data / "nq_gold_passages").is_dir():
+        ap.error(f"--data {data}: needs squad_v1.1/ and nq_gold_passages/ (see "
+                 "../shared/data/DATA_SOURCES.md)")
+    import jax.numpy as jnp
+
+    from replug_jax.lm.flax_scorer import FlaxLM
+    from replug_jax.retrieval.encoder import Retriever
+
+    peak = matmul_peak_flops(dtype=getattr(jnp, args.dtype))
+    current = FlaxLM.load(args.lm, dtype=args.dtype, max_context=512)
+    previous = FlaxLM(current.lm, max_context=512, batch_size=8, tokens_per_batch=1 << 30,
+                      kv_reuse=False)
+    previous.buckets = PREVIOUS_BUCKETS
+    no_reuse = FlaxLM(current.lm, max_context=512, kv_reuse=False)
+    contenders = {"previous": previous, "current": current, "current_no_reuse": no_reuse}
+    torch_score = None if args.no_torch else torch_scorer(args.lm, current, args.dtype)
+    retriever = Retriever.load("minilm", max_length=256)
+    rows, out = [], {"lm": args.lm, "dtype": args.dtype, "k": args.k, "matmul_peak_flops": peak}
+    n_q = 6 if args.quick else 16
+    measure("squad", *squad_pairs(data, retriever, 2, n_q, args.k), contenders, torch_score,
+            current.lm.config, peak, args.repeats, rows, out)
+    for layout, (prompts, conts) in nq_pairs(data, retriever, n_q // 2, 4).items():
+        measure(f"nq_4shot_{layout}", prompts, conts, contenders, torch_score,
+                current.lm.config, peak, args.repeats, rows, out)
+    write(args.name, out, rows, ("workload", "path", "pairs/s", "vs previous", "vs PyTorch",
+                                 "padding", "tokens saved by reuse", "of matmul peak",
+                                 "max |Δ log p| vs previous"))
+
+
+if __name__ == "__main__":
+    main()
