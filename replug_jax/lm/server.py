@@ -32,6 +32,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from replug_jax.extras import require
+from replug_jax.lm.serve_logprobs import (
+    content_logprobs,
+    logprob_blocks,
+    public,
+    tokens_with_offsets,
+)
 
 if TYPE_CHECKING:  # the limits are read by the CLI parser, which must not load JAX
     from replug_jax.lm.flax_scorer import FlaxLM
@@ -125,30 +131,6 @@ def chat_prompt(lm: "FlaxLM", messages: list[dict]) -> str:
         raise RequestError(400, "the messages need a turn before the assistant's")
     return lm.tokenizer.apply_chat_template(head, add_generation_prompt=True,
                                             tokenize=False) + prefill
-
-
-def content_logprobs(block: dict) -> dict:
-    """A legacy log-prob block (``tokens``, ``token_logprobs``, ``top_logprobs``) in the
-    per-token ``content[]`` shape of chat completions."""
-    def entry(token: str, logprob: float) -> dict:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
-
-    tops = block["top_logprobs"] or [None] * len(block["tokens"])
-    return {"content": [
-        {**entry(tok, lp), "top_logprobs": [
-            entry(t, v) for t, v in sorted((top or {}).items(), key=lambda kv: -kv[1])]}
-        for tok, lp, top in zip(block["tokens"], block["token_logprobs"], tops)]}
-
-
-def _tokens_with_offsets(lm: "FlaxLM", text: str) -> tuple[list[int], list[str], list[int]]:
-    enc = lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    offsets = [s for s, _ in enc["offset_mapping"]]
-    ends = [e for _, e in enc["offset_mapping"]]
-    # Token strings are the exact slices of the text, so offsets and strings agree.
-    strings = [text[s:(offsets[i + 1] if i + 1 < len(ids) else ends[i])]
-               for i, s in enumerate(offsets)]
-    return ids, strings, offsets
 
 
 class RequestError(ValueError):
@@ -287,46 +269,6 @@ class Batcher:
                 job.done.set()
 
 
-_Item = tuple[list[int], list[str], list[int], int, "int | None"]
-
-
-def _logprob_blocks(lm: "FlaxLM", items: list[_Item]) -> list[dict]:
-    """OpenAI-style logprobs for many ``(ids, strings, offsets, start, n_top)`` at once: token
-    ``ids[start:]`` given everything before it, scored in one batched call."""
-    seqs = [lm.bos + ids for ids, *_ in items]
-    cuts = [max(len(lm.bos) + start, 1) for _, _, _, start, _ in items]
-    need = [i for i, (seq, cut) in enumerate(zip(seqs, cuts)) if len(seq) > cut]
-    full = dict(zip(need, lm.score_token_ids([seqs[i][:cuts[i]] for i in need],
-                                             [seqs[i][cuts[i]:] for i in need])))
-    with_top = [i for i, item in enumerate(items) if item[4]]
-    n_max = max([items[i][4] for i in with_top], default=0)
-    tops = dict(zip(with_top, lm.positions_top_logprobs([seqs[i] for i in with_top], n_max)))
-    blocks = []
-    for i, (ids, strings, offsets, start, n_top) in enumerate(items):
-        shift = len(lm.bos)
-        token_lp: list[float | None] = []
-        top: list[dict[str, float] | None] = []
-        scored = full.get(i, np.zeros(0, np.float32))
-        offset = 0
-        for t in range(start, len(ids)):
-            pos = shift + t
-            if pos == 0:  # first token without a BOS: nothing predicts it
-                token_lp.append(None)
-                top.append(None)
-                continue
-            token_lp.append(float(scored[offset]))
-            offset += 1
-            if n_top:
-                lp_top, id_top = tops[i]
-                top.append({lm.tokenizer.decode([int(x)], skip_special_tokens=True): float(v)
-                            for x, v in zip(id_top[pos - 1][:n_top], lp_top[pos - 1][:n_top])})
-            else:
-                top.append(None)
-        blocks.append({"tokens": strings[start:], "token_logprobs": token_lp,
-                       "text_offset": offsets[start:], "top_logprobs": top if n_top else None})
-    return blocks
-
-
 def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
     """Answer every job of a batch: one coordinated decode for all their prompts (the jobs
     share a key), then one batched scoring pass for every logprob block."""
@@ -358,7 +300,7 @@ def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
         if req.logprobs is not None:
             all_ids = ids + list(gen_ids)
             full_text = prompt + lm.tokenizer.decode(gen_ids)
-            _, all_strings, all_offsets = _tokens_with_offsets(lm, full_text) \
+            _, all_strings, all_offsets = tokens_with_offsets(lm, full_text) \
                 if gen_ids else (ids, strings, offsets)
             if len(all_strings) != len(all_ids):  # re-tokenisation merged tokens
                 all_strings = strings + [lm.tokenizer.decode([t]) for t in gen_ids]
@@ -370,7 +312,7 @@ def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
         if req.prompt_logprobs is not None:
             items.append((ids, strings, offsets, 0, req.prompt_logprobs))
             where.append((j, i, "prompt_logprobs"))
-    for (j, i, field), block in zip(where, _logprob_blocks(lm, items) if items else []):
+    for (j, i, field), block in zip(where, logprob_blocks(lm, items) if items else []):
         if field == "logprobs":
             choices[j, i]["logprobs"] = block
         else:
@@ -454,7 +396,7 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
 
     def complete(req) -> dict[str, Any]:
         prompts = validate(req, lm, limits)
-        encoded = [_tokens_with_offsets(lm, prompt) for prompt in prompts]  # once per prompt
+        encoded = [tokens_with_offsets(lm, prompt) for prompt in prompts]  # once per prompt
         for ids, _, _ in encoded:
             if len(lm.bos) + len(ids) + req.max_tokens > lm.max_context:
                 raise RequestError(400, f"prompt of {len(ids)} tokens plus max_tokens exceeds "
@@ -463,8 +405,12 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     def completions(req: CompletionRequest) -> dict[str, Any]:
+        result = complete(req)
+        for choice in result["choices"]:
+            if choice.get("logprobs") is not None:
+                choice["logprobs"] = public(choice["logprobs"])
         return {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
-                "created": int(time.time()), "model": name, **complete(req)}
+                "created": int(time.time()), "model": name, **result}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     def chat_completions(req: ChatRequest) -> dict[str, Any]:
@@ -474,7 +420,8 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
             raise RequestError(400, "top_logprobs needs logprobs: true")
         else:
             top = req.top_logprobs if req.logprobs else None
-        max_tokens = req.max_completion_tokens or req.max_tokens or 16
+        max_tokens = next((n for n in (req.max_completion_tokens, req.max_tokens)
+                           if n is not None), 16)  # an explicit 0 is 0
         result = complete(CompletionRequest(
             model=req.model, prompt=chat_prompt(lm, [m.model_dump() for m in req.messages]),
             max_tokens=max_tokens, logprobs=top, temperature=req.temperature,
@@ -485,7 +432,7 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
                 "choices": [{"index": 0, "finish_reason": choice["finish_reason"],
                              "message": {"role": "assistant", "content": choice["text"]},
                              "logprobs": None if choice["logprobs"] is None else
-                             content_logprobs(choice["logprobs"])}]}
+                             content_logprobs(lm, choice["logprobs"])}]}
 
     return app
 
