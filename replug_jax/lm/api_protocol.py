@@ -71,8 +71,65 @@ class TokenLogprobs:
 
     tokens: list[str]
     logprobs: list[float | None]  # None: nothing predicts it (a first token)
-    offsets: list[int]  # character offset of each token in the text they cover
+    offsets: list[int] | None  # character offset of each token, as the server stated them
     top: list[dict[str, float] | None]  # the top-n alternatives at each position, if asked
+    raw: list[bytes] | None = None  # each token's own bytes, when the server gave them
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Each token's ``[start, end)`` characters in ``text``, after checking that the
+        tokens are ``text`` (a leading token without a log-prob, such as an echoed BOS, may
+        add text of its own) and that the stated offsets are where the tokens are. A token
+        holding part of a multi-byte character spans that whole character. Refuses in one
+        line what it cannot trust: offsets counted in bytes, all-zero offsets, tokens that
+        are not the text."""
+        pieces = self.raw if self.raw is not None else [t.encode("utf-8") for t in self.tokens]
+        joined, want = b"".join(pieces), text.encode("utf-8")
+        lead = len(joined) - len(want)
+        lead_ok = lead == 0 or (lead > 0 and joined.endswith(want) and self.logprobs
+                                and self.logprobs[0] is None and len(pieces[0]) >= lead)
+        if not lead_ok:
+            raise APIResponseError(
+                f"the server's tokens are not the text it was sent ({_show(joined)} for "
+                f"{_show(want)}); its log-probs cannot be assigned to the text")
+        char_of = _char_index(want)
+        spans, pos = [], -lead
+        for piece in pieces:
+            lo, hi = max(pos, 0), max(pos + len(piece), 0)
+            pos += len(piece)
+            if hi == lo:  # nothing of the text (a BOS), or an empty token
+                at = char_of[lo] if lo < len(want) else len(text)
+                spans.append((at, at))
+            else:
+                spans.append((char_of[lo], char_of[hi - 1] + 1))
+        if self.offsets is not None:
+            starts = [s for s, _ in spans][1 if lead else 0:]
+            # With a leading BOS, servers count offsets with or without its text.
+            shifts = (len(self.tokens[0]), 0) if lead else (0,)
+            stated = [o - shifts[0] for o in self.offsets][1 if lead else 0:]
+            if all([o - s for o in self.offsets][1 if lead else 0:] != starts for s in shifts):
+                bad = next(i for i, (a, b) in enumerate(zip(stated, starts)) if a != b)
+                bad += 1 if lead else 0
+                raise APIResponseError(
+                    f"the server's text_offset does not match its tokens (token {bad}: offset "
+                    f"{self.offsets[bad]} where the token starts at character "
+                    f"{spans[bad][0]}; "
+                    "offsets in bytes, or not given?)")
+        return spans
+
+
+def _show(raw: bytes, n: int = 60) -> str:
+    text = raw.decode("utf-8", errors="replace")
+    return repr(text if len(text) <= n else text[:n] + "…")
+
+
+def _char_index(raw: bytes) -> list[int]:
+    """For each byte of UTF-8 ``raw``, the index of the character it belongs to."""
+    out, char = [], -1
+    for b in raw:
+        if b & 0xC0 != 0x80:  # not a continuation byte: a new character starts
+            char += 1
+        out.append(char)
+    return out
 
 
 def _finite_logprob(value, where: str) -> float:
@@ -83,12 +140,22 @@ def _finite_logprob(value, where: str) -> float:
     return float(value)
 
 
-def _token_text(entry: dict) -> str:
+def _token_bytes(entry: dict) -> bytes | None:
+    raw = entry.get("bytes")
+    if isinstance(raw, list) and raw and all(isinstance(b, int) and 0 <= b < 256 for b in raw):
+        return bytes(raw)
+    return None
+
+
+def _token_text(entry) -> str:
     """A ``content[]`` entry's text: its bytes when given (exact, even for a token that is
     part of a multi-byte character), else its ``token`` string."""
-    raw = entry.get("bytes")
-    if isinstance(raw, list) and all(isinstance(b, int) for b in raw):
-        return bytes(raw).decode("utf-8", errors="replace")
+    if not isinstance(entry, dict):
+        raise APIResponseError(f"malformed log-probs: a token entry is {str(entry)[:120]}, "
+                               "not an object")
+    raw = _token_bytes(entry)
+    if raw is not None:
+        return raw.decode("utf-8", errors="replace")
     token = entry.get("token")
     if not isinstance(token, str):
         raise APIResponseError(f"malformed log-probs: a token entry has no text: "
@@ -114,39 +181,63 @@ def parse_logprobs(block, start: int = 0) -> TokenLogprobs:
         entries = block["content"]
         if not isinstance(entries, list):
             raise APIResponseError(f"malformed log-probs: content is {str(entries)[:120]}")
-        tokens, logprobs, offsets, top, pos = [], [], [], [], start
+        tokens, logprobs, offsets, top, pieces = [], [], [], [], []
         for i, e in enumerate(entries):
             if not isinstance(e, dict):
                 raise APIResponseError(f"malformed log-probs: content[{i}] is {e!r}")
-            text = _token_text(e)
-            tokens.append(text)
+            tokens.append(_token_text(e))
+            pieces.append(_token_bytes(e))
             logprobs.append(_finite_logprob(e.get("logprob"), f"content[{i}].logprob"))
-            offsets.append(pos)
-            pos += len(text)
             alts = e.get("top_logprobs")
             top.append(None if alts is None else _merge_top(
                 (_token_text(a), _finite_logprob(a.get("logprob"),
                                                  f"content[{i}].top_logprobs"))
                 for a in alts) if isinstance(alts, list) else _bad_top(alts))
-        return TokenLogprobs(tokens, logprobs, offsets, top)
+        raw = pieces if all(p is not None for p in pieces) else None
+        if raw is not None:  # decoded as one text: a character split over tokens stays whole
+            tokens = _split_decoded(raw)
+        pos = start
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        return TokenLogprobs(tokens, logprobs, offsets, top, raw)
     try:
         tokens, values = list(block["tokens"]), list(block["token_logprobs"])
     except (KeyError, TypeError) as err:
         raise APIResponseError("response lacks log-probs (neither logprobs.content nor "
                                "logprobs.tokens/token_logprobs)") from err
+    for i, t in enumerate(tokens):
+        if not isinstance(t, str):
+            raise APIResponseError(f"malformed log-probs: tokens[{i}] is {t!r}, not a string")
     offsets = block.get("text_offset")
-    if offsets is None:
-        offsets = list(np.cumsum([start] + [len(t) for t in tokens[:-1]])) if tokens else []
+    if offsets is not None and (not isinstance(offsets, list) or not all(
+            isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        raise APIResponseError(f"malformed log-probs: text_offset is {str(offsets)[:120]}")
     raw_top = block.get("top_logprobs") or [None] * len(tokens)
-    if not (len(values) == len(offsets) == len(raw_top) == len(tokens)):
+    if not isinstance(raw_top, list):
+        _bad_top(raw_top)
+    if not (len(values) == len(raw_top) == len(tokens)) or \
+            (offsets is not None and len(offsets) != len(tokens)):
         raise APIResponseError(f"malformed log-probs: {len(tokens)} tokens, {len(values)} "
-                               f"log-probs, {len(offsets)} offsets, {len(raw_top)} top entries")
+                               f"log-probs, {len(offsets or tokens)} offsets, {len(raw_top)} "
+                               "top entries")
     logprobs = [None if v is None else _finite_logprob(v, f"token_logprobs[{i}]")
                 for i, v in enumerate(values)]
     top = [None if t is None else _merge_top(
         (tok, _finite_logprob(v, f"top_logprobs[{i}][{tok!r}]")) for tok, v in t.items())
         if isinstance(t, dict) else _bad_top(t) for i, t in enumerate(raw_top)]
-    return TokenLogprobs([str(t) for t in tokens], logprobs, [int(o) for o in offsets], top)
+    return TokenLogprobs(tokens, logprobs, offsets, top)
+
+
+def _split_decoded(pieces: list[bytes]) -> list[str]:
+    """The text of joined token bytes, cut so that each character goes to the token holding
+    its last byte (a token holding only the first bytes of a character gets ``""``)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    out = [decoder.decode(p) for p in pieces]
+    out[-1] += decoder.decode(b"", final=True) if out else ""
+    return out
 
 
 def _bad_top(value):
@@ -166,10 +257,13 @@ def parse_prompt_logprobs(entries) -> TokenLogprobs:
         else:
             try:
                 (_, info), = list(e.items())[:1]
-                tok = str(info.get("decoded_token", ""))
+                tok = info.get("decoded_token", "")
             except (AttributeError, ValueError, TypeError) as err:
                 raise APIResponseError(f"malformed prompt_logprobs[{i}]: {str(e)[:120]}") \
                     from err
+            if not isinstance(tok, str):
+                raise APIResponseError(f"malformed prompt_logprobs[{i}]: decoded_token is "
+                                       f"{tok!r}")
             tokens.append(tok)
             logprobs.append(_finite_logprob(info.get("logprob"), f"prompt_logprobs[{i}]"))
         offsets.append(pos)

@@ -304,15 +304,14 @@ class APIScorer:
         else:
             raise APICapabilityError(self.server.refusal("scoring") if self.server else
                                      f"{self.base_url}: no scoring path (scoring={path!r})")
-        tokens, logprobs, offsets = block.tokens, block.logprobs, block.offsets
+        tokens, logprobs = block.tokens, block.logprobs
         n = len(tokens)
-        covered = "".join(tokens)
-        if n == 0 or len(covered) < len(text):
-            raise APIResponseError(f"the server's echoed tokens do not cover the prompt and "
-                                   f"continuation ({len(covered)} of {len(text)} characters); "
-                                   "the server does not support echo scoring")
-        ends = list(offsets[1:]) + [len(text)]
-        sel = [i for i in range(n) if ends[i] > len(prompt)]
+        if n == 0:
+            raise APIResponseError("the server echoed no tokens; it does not support echo "
+                                   "scoring")
+        # The tokens must be the text and the offsets where they are (else refused in one
+        # line); a token ending after the prompt, even one straddling it, is continuation.
+        sel = [i for i, (_, end) in enumerate(block.spans(text)) if end > len(prompt)]
         values = [logprobs[i] for i in sel]
         if any(v is None for v in values):
             raise APIResponseError(f"malformed log-probs: the continuation has tokens without "
