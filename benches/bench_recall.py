@@ -21,10 +21,10 @@ import numpy as np
 from benches.synthetic import Generator
 
 
-def frontier(index, queries, exact, nprobes, reranks):
+def frontier(index, source, queries, exact, nprobes, reranks):
     from replug_jax.retrieval.quality import measure
 
-    return [measure(index, queries, exact, 10, nprobe=p, rerank=r)
+    return [measure(index, source, queries, exact, 10, nprobe=p, rerank=r)
             for r in reranks for p in nprobes]
 
 
@@ -54,7 +54,8 @@ def main(argv=None):
                 emb[lo:min(args.n, lo + 65536)] = gen.vectors(lo, min(args.n, lo + 65536))
             emb.flush()
             queries = gen.queries(args.queries)
-            exact = exact_neighbours(EmbeddingSource.from_files([f"{tmp}/emb.npy"]), queries, 10)
+            source = EmbeddingSource.from_files([f"{tmp}/emb.npy"])
+            exact = exact_neighbours(source, queries, 10)
             for factory in factories:
                 t0 = time.perf_counter()
                 index = build_index([Passage(i, "") for i in range(args.n)], None,
@@ -63,7 +64,7 @@ def main(argv=None):
                                     target_recall=0.95 if "PQ" in factory else None)
                 build_s = time.perf_counter() - t0
                 pq = "PQ" in factory
-                points = frontier(index, queries, exact,
+                points = frontier(index, source, queries, exact,
                                   [None] if factory == "Flat" else [1, 4, 16, 64],
                                   [0, 8, 32, 128] if pq else [0])
                 rows.append({"kind": kind, "factory": factory, "n": args.n,

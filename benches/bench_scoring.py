@@ -126,20 +126,17 @@ def measure(name, prompts, conts, contenders, torch_score, cfg, peak, repeats, r
     results, stats = {}, {}
     for label, lm in contenders.items():  # the warm-up call compiles every shape
         results[label] = lm.score_token_ids(prefixes, cont_ids)
-        lm.stats = type(lm.stats)()
-        if lm.prefix_cache is not None:
-            lm.prefix_cache.clear()
-        lm.score_token_ids(prefixes, cont_ids)
-        stats[label] = lm.stats.summary()
 
-    def fresh(lm):  # each timed call starts with no prefix kept from the previous one
+    def fresh(label, lm):  # each timed call starts with no prefix kept from the previous one
         def run():
+            lm.stats = type(lm.stats)()
             if lm.prefix_cache is not None:
                 lm.prefix_cache.clear()
             lm.score_token_ids(prefixes, cont_ids)
+            stats[label] = lm.stats.summary()
         return run
 
-    fns = {label: fresh(lm) for label, lm in contenders.items()}
+    fns = {label: fresh(label, lm) for label, lm in contenders.items()}
     if torch_score is not None:
         results["pytorch"] = torch_score(prefixes, cont_ids)
         fns["pytorch"] = lambda: torch_score(prefixes, cont_ids)
@@ -183,7 +180,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                     help="LM parameter dtype (default float32)")
     ap.add_argument("--k", type=int, default=8, help="passages per question (default 8)")
-    ap.add_argument("--repeats", type=int, default=2, help="timed rounds (default 2)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed rounds (default 1)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--name", default="scoring", help="results file stem (default scoring)")
     args = ap.parse_args(argv)

@@ -31,6 +31,7 @@ from replug_jax.retrieval.faiss_index import (
     write_shard,
 )
 from replug_jax.retrieval.integrity import IndexLoadError
+from replug_jax.retrieval.quality import recall_report, sample_digest
 from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import barrier
 
@@ -160,6 +161,7 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
                 # cannot order near-equidistant neighbours (measured: recall@10 stops at 0.90
                 # on tight clusters however many candidates are re-ranked)
                 "rerank_dtype": "float32" if keep_vectors else "float16",
+                "embeddings_digest": sample_digest(source),
                 **({"embeddings": str(embeddings),
                     "embeddings_key": embeddings_key(embeddings)}
                    if embeddings is not None else {}),
@@ -183,8 +185,6 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
     barrier("replug_shards")
     if pid == 0:
         if factory != "Flat":  # an approximate index: how exact is it, on this data?
-            from replug_jax.retrieval.quality import recall_report
-
             index = Index._open(work, manifest, gpu="cpu")
             manifest["recall"] = recall_report(index, source, k=10, user_k=recall_k,
                                                queries_QD=recall_queries,

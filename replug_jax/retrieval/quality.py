@@ -1,19 +1,26 @@
 """Search quality the user can see and set: recall of an approximate index against exact
 search, measured on the user's data, and the fastest setting that reaches a target.
 
-Recall@k of a query is the fraction of its exact top-k (inner product, streamed over the
-stored embeddings: one pass, memory of one block) that the index returns in its top-k.
-Queries are a seeded sample of the corpus's own vectors (each query's own row left out of both
-lists, so it never counts as a free hit) or the user's queries (``--recall-queries``), which
-are distributed like real queries. The mean comes with a bootstrap interval over queries.
+Recall@k of a query is the fraction of its top-k that the index returns: a returned row is a
+hit when its exact score reaches the k-th exact score (inner product, streamed over the stored
+embeddings: one pass, memory of one block), so rows tied with the exact top-k (duplicated
+vectors) count as hits rather than as misses. Queries are a seeded sample of the corpus's own
+vectors (each query's own row left out, so it never counts as a free hit) or the user's
+queries (``--recall-queries``), which are distributed like real queries. The mean comes with a
+95 % interval that keeps its coverage at recall 1 (:func:`recall_interval`: Clopper–Pearson
+on the summed per-query recalls; a percentile bootstrap collapses to [1, 1] when every sampled
+query is perfect).
 
 Tuning searches nprobe × re-rank factor (FAISS's ``ParameterSpace`` sets nprobe; its
 ``OperatingPoints`` keeps the recall/time frontier) for the fastest setting whose interval's
-lower bound reaches the target.
+lower bound reaches the target; a target that the number of queries cannot certify even with
+every query perfect (:func:`min_queries`) is refused, or the corpus sample is enlarged.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import pathlib
 import time
 from typing import Sequence
@@ -28,11 +35,24 @@ EXACT_BLOCK_ROWS = 65536  # corpus rows scored per block of the exact search
 RERANKS = (0, 2, 4, 8, 16, 32, 64, 128)
 
 
+@dataclasses.dataclass(frozen=True)
+class Exact:
+    """Exact top-k of each query: rows ``[Q, k]`` and their scores, best first."""
+
+    rows_QK: np.ndarray
+    scores_QK: np.ndarray
+
+
+# A returned row is a hit when its exact score is within this (relative) distance of the k-th
+# exact score: equal vectors scored in different summation orders differ by float rounding.
+TIE_TOLERANCE = 1e-5
+
+
 def exact_neighbours(source: EmbeddingSource, queries_QD: np.ndarray, k: int, *,
                      exclude_rows: np.ndarray | None = None,
-                     block: int = EXACT_BLOCK_ROWS) -> np.ndarray:
-    """``[Q, k]`` rows of the exact inner-product top-k over ``source``, one pass in blocks
-    (each query's ``exclude_rows`` entry, if given, never returned)."""
+                     block: int = EXACT_BLOCK_ROWS) -> Exact:
+    """The exact inner-product top-k over ``source``, one pass in blocks (each query's
+    ``exclude_rows`` entry, if given, never returned)."""
     q = np.asarray(queries_QD, np.float32)
     best_s = np.full((len(q), 0), -np.inf, np.float32)
     best_r = np.zeros((len(q), 0), np.int64)
@@ -51,36 +71,56 @@ def exact_neighbours(source: EmbeddingSource, queries_QD: np.ndarray, k: int, *,
             s, r = np.take_along_axis(s, part, 1), np.take_along_axis(r, part, 1)
         keep = np.argsort(-s, axis=1, kind="stable")[:, :k]
         best_s, best_r = np.take_along_axis(s, keep, 1), np.take_along_axis(r, keep, 1)
-    return best_r
+    return Exact(best_r, best_s)
 
 
-def interval(values: np.ndarray, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of a mean over items."""
-    v = np.asarray(values, np.float64)
-    if np.allclose(v, v[0]):
-        return float(v[0]), float(v[0])
-    from scipy.stats import bootstrap
+def recall_interval(recalls_Q: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """A two-sided ``confidence`` interval for the mean of per-query recalls in [0, 1]:
+    Clopper–Pearson on their sum as if it were a binomial count of ``Q`` trials (for
+    independent variables in [0, 1] with a given mean, the binomial is the most spread one, so
+    the interval is conservative). At recall 1 on every query its lower bound is
+    ``(α/2)^(1/Q)``, not 1: 64 perfect queries certify recall ≥ 0.944, not 0.999."""
+    from scipy.stats import beta
 
-    res = bootstrap((v,), np.mean, confidence_level=confidence, n_resamples=2000,
-                    method="percentile", random_state=np.random.default_rng(seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    v = np.clip(np.asarray(recalls_Q, np.float64), 0.0, 1.0)
+    n, x = len(v), float(v.sum())
+    alpha = 1.0 - confidence
+    low = 0.0 if x <= 0 else float(beta.ppf(alpha / 2, x, n - x + 1))
+    high = 1.0 if x >= n else float(beta.ppf(1 - alpha / 2, x + 1, n - x))
+    return low, high
 
 
-def measure(index: Index, queries_QD: np.ndarray, exact_QK: np.ndarray, k: int, *,
-            nprobe: int | None = None, rerank: int | None = None,
+def min_queries(target: float, confidence: float = 0.95) -> int:
+    """The fewest queries whose interval's lower bound can reach ``target`` at all (every
+    query perfect): ``(α/2)^(1/Q) ≥ target``."""
+    if not 0 < target < 1:
+        raise ValueError(f"a recall target must be in (0, 1), got {target}")
+    return int(np.ceil(np.log((1 - confidence) / 2) / np.log(target)))
+
+
+def measure(index: Index, source: EmbeddingSource, queries_QD: np.ndarray, exact: Exact,
+            k: int, *, nprobe: int | None = None, rerank: int | None = None,
             exclude_rows: np.ndarray | None = None) -> dict:
     """Recall@k of ``index`` (at ``nprobe`` / ``rerank``, default: its manifest's) against
-    ``exact_QK``, with its interval and the queries per second of the search."""
+    ``exact``, with its interval and the queries per second of the search. A returned row
+    counts when its exact score (recomputed from ``source``) reaches the k-th exact score."""
     extra = 1 if exclude_rows is not None else 0
     t0 = time.perf_counter()
     res = index.search(queries_QD, k + extra, nprobe=nprobe, rerank=rerank)
     seconds = time.perf_counter() - t0
     rows = _rows_of(index, res.ids)
+    kth_Q = exact.scores_QK[:, k - 1]
+    tol_Q = TIE_TOLERANCE * np.maximum(1.0, np.abs(kth_Q))
     hits = []
     for i, got in enumerate(rows):
-        got = [r for r in got if r >= 0 and (exclude_rows is None or r != exclude_rows[i])][:k]
-        hits.append(len(set(got) & set(exact_QK[i, :k].tolist())) / k)
-    low, high = interval(np.array(hits))
+        got = list(dict.fromkeys(r for r in got if r >= 0 and (
+            exclude_rows is None or r != exclude_rows[i])))[:k]
+        if not got:
+            hits.append(0.0)
+            continue
+        s = source.take(np.array(got)) @ np.asarray(queries_QD[i], np.float32)
+        hits.append(float(np.sum(s >= kth_Q[i] - tol_Q[i])) / k)
+    low, high = recall_interval(np.array(hits))
     return {"k": k, "recall": float(np.mean(hits)), "low": low, "high": high,
             "queries": len(hits), "qps": len(hits) / max(seconds, 1e-9),
             "nprobe": index.manifest.get("nprobe") if nprobe is None else nprobe,
@@ -95,12 +135,19 @@ def _rows_of(index: Index, ids_QK: np.ndarray) -> np.ndarray:
     return rows
 
 
-def tune(index: Index, queries_QD: np.ndarray, exact_QK: np.ndarray, k: int, target: float,
-         *, exclude_rows: np.ndarray | None = None, nprobes: Sequence[int] | None = None,
-         reranks: Sequence[int] | None = None) -> dict:
+def tune(index: Index, source: EmbeddingSource, queries_QD: np.ndarray, exact: Exact, k: int,
+         target: float, *, exclude_rows: np.ndarray | None = None,
+         nprobes: Sequence[int] | None = None, reranks: Sequence[int] | None = None) -> dict:
     """The fastest (nprobe, re-rank) whose recall@k interval's lower bound reaches ``target``
-    (else the most accurate one, flagged), and the measured frontier."""
+    (else the most accurate one, flagged), and the measured frontier. Refuses a target that
+    ``len(queries_QD)`` queries cannot certify (:func:`min_queries`)."""
     import faiss
+
+    need = min_queries(target)
+    if len(queries_QD) < need:
+        raise ValueError(f"recall target {target} needs at least {need} queries to be "
+                         f"certified (95 % lower bound), got {len(queries_QD)}; give more "
+                         "queries or a lower target")
 
     nlist = _nlist(index)
     nprobes = [p for p in (nprobes or NPROBES) if nlist and p <= nlist] or [None]
@@ -109,7 +156,7 @@ def tune(index: Index, queries_QD: np.ndarray, exact_QK: np.ndarray, k: int, tar
     measured = []
     for rerank in reranks:
         for nprobe in nprobes:
-            m = measure(index, queries_QD, exact_QK, k, nprobe=nprobe, rerank=rerank,
+            m = measure(index, source, queries_QD, exact, k, nprobe=nprobe, rerank=rerank,
                         exclude_rows=exclude_rows)
             measured.append(m)
             points.add(m["low"], 1.0 / m["qps"], f"{nprobe},{rerank}")
@@ -147,6 +194,8 @@ def recall_report(index: Index, source: EmbeddingSource, *, k: int = 10,
     ``recall``."""
     exclude = None
     if queries_QD is None:
+        if target is not None:  # enough corpus queries to certify the target, if it has them
+            sample = max(sample, min(min_queries(target), source.n))
         rows = np.sort(np.random.default_rng(seed).choice(source.n, min(sample, source.n),
                                                           replace=False))
         queries_QD, exclude, kind = source.take(rows), rows, "corpus sample"
@@ -158,12 +207,12 @@ def recall_report(index: Index, source: EmbeddingSource, *, k: int = 10,
     exact = exact_neighbours(source, queries_QD, max(ks), exclude_rows=exclude)
     out = {"queries": kind, "n": int(len(queries_QD)), "seed": seed}
     if target is not None:
-        tuned = tune(index, queries_QD, exact, k, target, exclude_rows=exclude)
+        tuned = tune(index, source, queries_QD, exact, k, target, exclude_rows=exclude)
         out["tuning"], out["tuned_k"] = tuned, k
         index.manifest["nprobe"] = tuned["best"]["nprobe"] or index.manifest.get("nprobe")
         index.manifest["rerank_factor"] = tuned["best"]["rerank"]
         index.set_nprobe(index.manifest["nprobe"])
-    out["at"] = {str(kk): measure(index, queries_QD, exact, kk, exclude_rows=exclude)
+    out["at"] = {str(kk): measure(index, source, queries_QD, exact, kk, exclude_rows=exclude)
                  for kk in ks}
     return out
 
@@ -189,11 +238,42 @@ def tune_index(directory: pathlib.Path, embeddings: pathlib.Path, *, target: flo
 
     index = Index.load(directory)
     source = EmbeddingSource.from_files([embeddings], n=len(index), dim=index.manifest["dim"])
+    check_embeddings(index, source, embeddings)
     index.manifest["recall"] = recall_report(index, source, k=10, user_k=recall_k,
                                              queries_QD=queries_QD, sample=sample,
                                              target=target)
     write_json_atomic(index.manifest, pathlib.Path(directory) / "manifest.json")
     return index.manifest
+
+
+SAMPLE_ROWS = 16  # rows of the embeddings whose bytes identify them (sample_digest)
+
+
+def sample_digest(source: EmbeddingSource) -> str:
+    """SHA-256 of ``SAMPLE_ROWS`` evenly spaced rows (float32): what identifies the vectors an
+    index was built from, recorded in its manifest and checked before tuning against them."""
+    rows = np.unique(np.linspace(0, source.n - 1, min(SAMPLE_ROWS, source.n)).astype(np.int64))
+    return hashlib.sha256(np.ascontiguousarray(source.take(rows), np.float32).tobytes()
+                          ).hexdigest()
+
+
+def check_embeddings(index: Index, source: EmbeddingSource, path) -> None:
+    """Refuse embeddings that are not the ones ``index`` was built from (tuning against other
+    vectors would measure nonsense and record it as the index's default): by the digest the
+    build recorded, else (older indexes) by searching a sample of the vectors for themselves."""
+    recorded = index.manifest.get("embeddings_digest")
+    if recorded is not None:
+        if sample_digest(source) != recorded:
+            raise ValueError(f"{path}: not the embeddings this index was built from (their "
+                             "sampled rows differ from the build's); pass the build's vectors")
+        return
+    rows = np.unique(np.linspace(0, source.n - 1, min(32, source.n)).astype(np.int64))
+    found = _rows_of(index, index.search(source.take(rows), 10).ids)
+    share = float(np.mean([r in got for r, got in zip(rows, found)]))
+    if share < 0.5:
+        raise ValueError(f"{path}: not the embeddings this index was built from (only "
+                         f"{share:.0%} of {len(rows)} sampled vectors find their own row); "
+                         "pass the build's vectors")
 
 
 def describe(manifest: dict) -> str:
@@ -202,7 +282,7 @@ def describe(manifest: dict) -> str:
     if not r:
         return "\nrecall: exact search (Flat)" if manifest.get("factory") == "Flat" else ""
     out = [f"\nrecall against exact search ({r['n']} queries: {r['queries']}; 95 % "
-           f"bootstrap interval), nprobe {manifest.get('nprobe')}, re-rank "
+           f"interval), nprobe {manifest.get('nprobe')}, re-rank "
            f"×{manifest.get('rerank_factor', 0)}:"]
     for k, v in r["at"].items():
         out.append(f"  recall@{k} {v['recall']:.3f} [{v['low']:.3f}, {v['high']:.3f}], "
