@@ -15,6 +15,7 @@ from replug_jax.retrieval.search import (
     SearchResult,
     assemble,
     checked_queries,
+    checked_vectors,
     per_query_exclusions,
 )
 from replug_jax.retrieval.store import PassageStore
@@ -70,6 +71,9 @@ def two_stage_topk(s_NB, k: int, bin_rows: int = BIN_ROWS):
     if full < n:
         max_GB = jnp.concatenate([max_GB, s_NB[full:].max(axis=0, keepdims=True)])
     _, bins_Bk = jax.lax.top_k(max_GB.T, k)
+    # In bin order, the short last bin's rows past N come last, and top_k breaks ties by
+    # position: a real row scoring -inf (an overflowed product) still beats them.
+    bins_Bk = jnp.sort(bins_Bk, axis=1)
     rows_BkR = bins_Bk[:, :, None] * bin_rows + jnp.arange(bin_rows)
     cand_BkR = s_NB.at[rows_BkR, jnp.arange(b)[:, None, None]].get(
         mode="fill", fill_value=-jnp.inf)  # rows past N (a short last bin) never win
@@ -218,7 +222,7 @@ class DeviceIndex:
     def __init__(self, embeddings_ND, passages: Sequence[Passage] | PassageStore,
                  mesh: jax.sharding.Mesh, *, dtype=None, axis: str = "data",
                  encoder: dict | None = None, local: bool = False):
-        emb = np.asarray(embeddings_ND)
+        emb = checked_vectors(np.asarray(embeddings_ND))
         self.store = passages if isinstance(passages, PassageStore) else \
             PassageStore.from_passages(passages)
         if emb.ndim != 2 or (not local and emb.shape[0] != len(self.store)):
@@ -247,6 +251,7 @@ class DeviceIndex:
         fetch = min(self.n, k + max((len(e) for e in excl), default=0))
         scores, rows = host_copy(sharded_topk(q, self.array, fetch, self.n, self.mesh,
                                               axis=self.axis))
+        rows = np.where(rows < self.n, rows, -1)  # never a padding row, even in a tie
         return assemble(self.store, scores.astype(np.float32), rows.astype(np.int64), excl, k)
 
     def reconstruct_all(self) -> np.ndarray:

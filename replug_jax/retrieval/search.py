@@ -31,7 +31,22 @@ def checked_queries(queries_BD, dim: int, k: int) -> np.ndarray:
         raise ValueError(f"queries must be [B, {dim}], got {q.shape}")
     if k <= 0:
         raise ValueError(f"k must be positive, got {k}")
+    bad = ~np.isfinite(q).all(axis=1)
+    if bad.any():
+        raise ValueError(f"{int(bad.sum())} of {len(q)} queries have NaN or infinite "
+                         f"components (first: query {int(np.flatnonzero(bad)[0])}); an encoder "
+                         "or a caller produced them: refusing to search with them")
     return q
+
+
+def checked_vectors(vectors_ND, what: str = "embeddings") -> np.ndarray:
+    """``vectors_ND`` unchanged, or a ``ValueError`` naming the first non-finite row (a NaN
+    vector would rank first for every query in an exact search)."""
+    bad = ~np.isfinite(vectors_ND).all(axis=1)
+    if bad.any():
+        raise ValueError(f"{what}: {int(bad.sum())} of {len(bad)} vectors have NaN or infinite "
+                         f"components (first: row {int(np.flatnonzero(bad)[0])})")
+    return vectors_ND
 
 
 def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:
