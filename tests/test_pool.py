@@ -120,3 +120,31 @@ def test_training_on_the_pool_moves_the_retriever_and_keeps_the_best_dev(tiny, t
         jax.tree.leaves(fit["params"]), jax.tree.leaves(retriever.params)))
     assert (moved > 0) == (fit["best_step"] > 0)
     json.dumps(curve)  # plain numbers, ready for the results JSON
+
+
+def test_pool_key_has_the_separator_and_part_size_and_survives_json(tiny, tmp_path):
+    """Issue 37, items 8, 13, 14: another separator or part size is another pool (before: the
+    old scores came back with 0 LM calls, or a shape error); provenance with tuples resumes;
+    a truncated part is rescored; a candidates file of the wrong shape is refused."""
+    lm, _ = tiny
+    pool, passages = _pool(tiny, tmp_path / "pool")
+    by_id = {p.id: p for p in passages}
+    args = (_examples(), pool.doc_ids_EM, pool.branches.scores_NK, by_id, lm)
+    for kw in ({"separator": "\n"}, {"part_size": 3}):
+        with pytest.raises(ValueError, match="other settings"):
+            build_pool(*args, tmp_path / "pool", {"lm": lm.name, "test": 1}, progress=False,
+                       **{"part_size": 2, **kw})
+    with_tuple = {"lm": lm.name, "grid": (0.1, 0.1)}
+    build_pool(*args, tmp_path / "tuple", with_tuple, part_size=2, progress=False)
+    build_pool(*args, tmp_path / "tuple", with_tuple, part_size=2, progress=False)  # resumes
+    part = tmp_path / "pool" / "part-00000.npz"
+    part.write_bytes(part.read_bytes()[:40])  # cut short
+    with pytest.warns(UserWarning, match="scoring that part again"):
+        again, _ = _pool(tiny, tmp_path / "pool")
+    np.testing.assert_array_equal(again.branches.logprobs_NKT, pool.branches.logprobs_NKT)
+    np.save(tmp_path / "pool" / "candidates.npy", pool.doc_ids_EM[:, :2])
+    with pytest.raises(ValueError, match="candidates.npy.*rebuild the pool"):
+        ScoredPool.load(tmp_path / "pool")
+    (tmp_path / "pool" / "branches.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ValueError, match="not a readable branch cache"):
+        ScoredPool.load(tmp_path / "pool")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
+import zipfile
 from typing import Sequence
 
 import jax
@@ -94,7 +95,7 @@ class BranchCache:
             with np.load(path, allow_pickle=False) as z:
                 return cls(z["logprobs_NKT"], z["scores_NK"], z["doc_mask_NK"],
                            z["token_mask_NT"], z["bytes_N"], tuple(z["ids"].tolist()))
-        except (OSError, KeyError, ValueError) as err:
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as err:
             raise ValueError(f"{path}: not a readable branch cache ({err}); delete it to "
                              "rescore") from err
 

@@ -27,6 +27,7 @@ import hashlib
 import json
 import pathlib
 import time
+import zipfile
 from typing import Callable, Sequence
 
 import jax
@@ -91,8 +92,17 @@ class ScoredPool:
             if provenance.get(key) != value:
                 raise ValueError(f"{d}: a pool made with {key}={provenance.get(key)!r}, not "
                                  f"{value!r}; use another folder or rebuild it")
-        doc_ids = np.load(d / "candidates.npy", allow_pickle=False)
-        return cls(BranchCache.load(d / "branches.npz"), doc_ids, provenance)
+        branches = BranchCache.load(d / "branches.npz")
+        try:
+            doc_ids = np.load(d / "candidates.npy", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            raise ValueError(f"{d / 'candidates.npy'}: unreadable ({err}); rebuild the pool") \
+                from err
+        want = branches.doc_mask_NK.shape
+        if doc_ids.shape != want or not np.issubdtype(doc_ids.dtype, np.integer):
+            raise ValueError(f"{d / 'candidates.npy'}: {doc_ids.dtype} {doc_ids.shape} where "
+                             f"the pool's scores are {want}; rebuild the pool")
+        return cls(branches, doc_ids, provenance)
 
 
 def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
@@ -113,8 +123,12 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
     d.mkdir(parents=True, exist_ok=True)
     key_path = d / "build.json"
     candidates_EM = np.asarray(candidates_EM, np.int64)
-    provenance = {**provenance, "candidates_sha256": hashlib.sha256(
-        np.ascontiguousarray(candidates_EM).tobytes()).hexdigest()}
+    # Everything the scores depend on is in the key (the separator and the part size too),
+    # compared after the JSON round trip it makes on disk (tuples come back as lists).
+    provenance = json.loads(json.dumps({
+        **provenance, "separator": separator, "part_size": part_size,
+        "candidates_sha256": hashlib.sha256(
+            np.ascontiguousarray(candidates_EM).tobytes()).hexdigest()}))
     if key_path.exists() and json.loads(key_path.read_text()) != provenance:
         raise ValueError(f"{d}: holds parts of a pool built with other settings; use another "
                          "folder or delete it")
@@ -128,7 +142,7 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
         path = d / f"part-{lo // part_size:05d}.npz"
         hi = min(e, lo + part_size)
         pairs = [(i, j) for i in range(lo, hi) for j in range(m) if candidates_EM[i, j] >= 0]
-        if path.exists():
+        if path.exists() and _part_readable(path, hi - lo, m):
             bar.update(len(pairs))
             continue
         t0 = time.perf_counter()
@@ -169,6 +183,22 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
                       {**provenance, "version": POOL_VERSION, **measured})
     pool.save(d)
     return pool
+
+
+def _part_readable(path: pathlib.Path, rows: int, m: int) -> bool:
+    """Whether a pool part is whole (a part cut short by a crash of the disk or the machine
+    is rescored, with a warning, instead of stopping the build)."""
+    import warnings
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if z["logprobs"].shape[:2] == (rows, m) and z["tokens"].shape == (rows,):
+                return True
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        pass
+    warnings.warn(f"{path}: unreadable or of the wrong shape; scoring that part again",
+                  stacklevel=3)
+    return False
 
 
 # -- the retriever on the pool -------------------------------------------------------------
