@@ -446,7 +446,7 @@ class Replug:
                     lp_KV = np.array([[t.get(v, -np.inf) for v in vocab] for t in tops],
                                      np.float32)
                     lower_V, upper_V = (np.asarray(x) for x in top_n_mixture_bounds(
-                        lp_KV, g.log_weights))
+                        lp_KV, g.log_weights, distinct=False))  # keyed by text
                     mix_V = lower_V
                 tok = int(choose_token(mix_V[None], sub, sampling_temperature, top_p)[0])
                 if vocab is not None:
@@ -472,6 +472,6 @@ class Replug:
             "token is chosen from the mixture over the union of returned tokens with a token "
             "missing from a branch's top-n at probability 0 there (a lower bound); the exact "
             "mixture of every chosen token is at most "
-            f"{widest:.3g} nats above the reported log-prob (a missing token has at most the "
-            "branch's n-th probability and its leftover mass)")
+            f"{widest:.3g} nats above the reported log-prob (a missing text has at most its "
+            "branch's leftover mass)")
         return outs, approximation

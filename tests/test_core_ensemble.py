@@ -263,3 +263,58 @@ def test_top_n_mixture_bounds_contain_the_exact_mixture():
         np.testing.assert_allclose(upper[everywhere], exact[everywhere], rtol=1e-5)
         if n == 8:  # the whole vocabulary returned: exact
             np.testing.assert_allclose(lower, exact, rtol=1e-5)
+
+
+@st.composite
+def _peaked_cases(draw):
+    """Random exact next-token distributions over a small vocabulary, some nearly one-hot
+    (leftover masses far below float32's resolution near 1), and a token -> text map in which
+    several tokens may share a text."""
+    k, v = draw(st.integers(1, 4)), draw(st.integers(3, 12))
+    spread = draw(st.sampled_from([1.0, 5.0, 20.0, 40.0]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    n = draw(st.integers(1, v))
+    texts = draw(st.lists(st.integers(0, v - 1), min_size=v, max_size=v))
+    return k, v, spread, seed, n, texts
+
+
+@settings(max_examples=300, deadline=None)
+@given(_peaked_cases())
+def test_top_n_bounds_hold_by_brute_force_for_tokens_and_merged_texts(case):
+    """Issue 37, item 11: the exact mixture (float64, whole vocabulary) lies between the
+    bounds, by token and with tokens merged by text as the API client does (before: the
+    float32 leftover rounded to 0 and the exact mixture passed the upper bound by 2-3 nats;
+    the n-th-probability cap failed for merged texts)."""
+    from replug_jax.core.ensemble import top_n_mixture_bounds
+
+    k, v, spread, seed, n, texts = case
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(k, v)) * spread
+    lp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)  # float64
+    log_w = np.log(rng.dirichlet(np.ones(k)))
+    top = np.full_like(lp, -np.inf)
+    for b in range(k):
+        keep = np.argsort(-lp[b])[:n]
+        top[b, keep] = lp[b, keep]
+    union = np.flatnonzero(np.isfinite(top).any(0))
+    exact = np.logaddexp.reduce(log_w[:, None] + lp, axis=0)
+    lower, upper = (np.asarray(x, np.float64)
+                    for x in top_n_mixture_bounds(top[:, union], log_w))
+    tol = 1e-5 * np.maximum(1, np.abs(exact[union]))
+    assert np.all(lower <= exact[union] + tol) and np.all(exact[union] <= upper + tol)
+    # merged by text: a text's probability is the sum over its tokens
+    names = sorted(set(texts))
+    text_lp = np.stack([np.logaddexp.reduce(np.where(np.array(texts) == t, lp, -np.inf),
+                                            axis=1) for t in names], axis=1)
+    text_top = np.full_like(text_lp, -np.inf)
+    for b in range(k):
+        for j, t in enumerate(names):
+            got = [top[b, u] for u in range(v) if texts[u] == t and np.isfinite(top[b, u])]
+            if got:
+                text_top[b, j] = np.logaddexp.reduce(got)
+    seen = np.flatnonzero(np.isfinite(text_top).any(0))
+    exact_t = np.logaddexp.reduce(log_w[:, None] + text_lp, axis=0)[seen]
+    lower, upper = (np.asarray(x, np.float64) for x in top_n_mixture_bounds(
+        text_top[:, seen], log_w, distinct=False))
+    tol = 1e-5 * np.maximum(1, np.abs(exact_t))
+    assert np.all(lower <= exact_t + tol) and np.all(exact_t <= upper + tol)

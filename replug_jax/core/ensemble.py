@@ -103,7 +103,12 @@ def mixture_logprobs(branch_logprobs, log_weights):
     return jax.nn.logsumexp(joint, axis=k_axis) + jnp.squeeze(shift, axis=k_axis)
 
 
-def top_n_mixture_bounds(top_logprobs_KU, log_weights_K):
+# Absolute probability mass added to each branch's leftover ``1 − Σ_top p_k``: its float32
+# computation can round a true leftover below ~1e-7 to 0, and the bound must still hold.
+LEFTOVER_SLACK = 1e-6
+
+
+def top_n_mixture_bounds(top_logprobs_KU, log_weights_K, *, distinct: bool = True):
     """Bounds on REPLUG's mixture (paper §3.2) when each branch reveals only its top-n.
 
     An API that returns the n most likely next tokens per branch (llama.cpp, OpenAI chat
@@ -112,17 +117,25 @@ def top_n_mixture_bounds(top_logprobs_KU, log_weights_K):
 
     * ``lower(u)``: a missing token counts as probability 0 in that branch (the rule the
       approximate ensemble decodes with), and
-    * ``upper(u)``: a missing token counts as ``min(p_k^(n), 1 − Σ_top p_k)``, the most it can
-      have: no more than branch k's n-th most likely token, nor than its leftover mass.
+    * ``upper(u)``: a missing token counts as the most it can have: its branch's leftover
+      mass ``1 − Σ_top p_k`` (plus :data:`LEFTOVER_SLACK` for float32 rounding), and, when the
+      alternatives are ``distinct`` tokens, no more than branch k's n-th probability either.
+      Alternatives keyed by *text* (``distinct=False``: an API client merges tokens of equal
+      text) can hide several tokens behind one text, returned or not: a missing text has at
+      most the leftover, a returned one at most its returned probability plus the leftover.
+
+    The leftover is computed without cancellation: with ``m`` the branch's largest log-prob
+    and ``s = Σ_{others} exp(lp − m)``, ``1 − Σ p = −expm1(m) − exp(m)·s``.
 
     Args:
       top_logprobs_KU: ``[..., K, U]`` log-probs, ``-inf`` where ``u`` is not in branch k's
         top-n.
       log_weights_K: ``[..., K]`` log ensemble weights.
+      distinct: whether each of the U alternatives is one token (see above).
 
     Returns:
-      ``(lower_U, upper_U)``: ``[..., U]`` float32 log-probs; ``lower <= upper``, equal where
-      every branch returned the token.
+      ``(lower_U, upper_U)``: ``[..., U]`` float32 log-probs; ``lower <= upper``, equal
+      (``distinct``) where every branch returned the token.
     """
     lp_KU = jnp.asarray(top_logprobs_KU, jnp.float32)
     log_w_K = jnp.asarray(log_weights_K, jnp.float32)
@@ -131,11 +144,19 @@ def top_n_mixture_bounds(top_logprobs_KU, log_weights_K):
     present = jnp.isfinite(lp_KU)
     lower_U = jax.nn.logsumexp(log_w_K[..., None] + lp_KU, axis=-2)
     floor_K = jnp.min(jnp.where(present, lp_KU, jnp.inf), axis=-1)
-    seen_K = jax.nn.logsumexp(lp_KU, axis=-1)
-    left_K = jnp.log(jnp.clip(-jnp.expm1(jnp.minimum(seen_K, 0.0)), 0.0, 1.0))
-    fill_K = jnp.minimum(floor_K, left_K)
-    upper_U = jax.nn.logsumexp(
-        log_w_K[..., None] + jnp.where(present, lp_KU, fill_K[..., None]), axis=-2)
+    top_K = jnp.argmax(jnp.where(present, lp_KU, -jnp.inf), axis=-1)
+    m_K = jnp.minimum(jnp.take_along_axis(lp_KU, top_K[..., None], -1)[..., 0], 0.0)
+    m_K = jnp.where(jnp.isfinite(m_K), m_K, -jnp.inf)
+    others = present & (jnp.arange(lp_KU.shape[-1]) != top_K[..., None])
+    s_K = jnp.sum(jnp.where(others, jnp.exp(lp_KU - m_K[..., None]), 0.0), axis=-1)
+    left_K = jnp.where(jnp.isfinite(m_K), -jnp.expm1(m_K) - jnp.exp(m_K) * s_K, 1.0)
+    left_K = jnp.log(jnp.minimum(jnp.clip(left_K, 0.0, 1.0) + LEFTOVER_SLACK, 1.0))
+    if distinct:
+        best_KU = jnp.where(present, lp_KU, jnp.minimum(floor_K, left_K)[..., None])
+    else:  # a returned text may also have tokens outside the top-n: add the leftover
+        best_KU = jnp.where(present, jnp.logaddexp(lp_KU, left_K[..., None]),
+                            left_K[..., None])
+    upper_U = jax.nn.logsumexp(log_w_K[..., None] + best_KU, axis=-2)
     return lower_U, jnp.maximum(upper_U, lower_U)
 
 
