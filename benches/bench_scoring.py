@@ -34,7 +34,8 @@ import numpy as np
 
 from benches.common import best_times, matmul_peak_flops, write
 
-PREVIOUS_BUCKETS = (32, 64, 128, 192, 256, 384, 512)
+PREVIOUS_BUCKETS = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
+MAX_CONTEXT = 1024  # 4-shot NQ prompts with a passage reach ~650 tokens
 
 
 def squad_pairs(data: pathlib.Path, retriever, articles: int, questions: int, k: int):
@@ -194,24 +195,25 @@ def main(argv=None):
     from replug_jax.retrieval.encoder import Retriever
 
     peak = matmul_peak_flops(dtype=getattr(jnp, args.dtype))
-    current = FlaxLM.load(args.lm, dtype=args.dtype, max_context=512)
-    previous = FlaxLM(current.lm, max_context=512, batch_size=8, tokens_per_batch=1 << 30,
+    current = FlaxLM.load(args.lm, dtype=args.dtype, max_context=MAX_CONTEXT)
+    previous = FlaxLM(current.lm, max_context=MAX_CONTEXT, batch_size=8, tokens_per_batch=1 << 30,
                       kv_reuse=False)
     previous.buckets = PREVIOUS_BUCKETS
-    no_reuse = FlaxLM(current.lm, max_context=512, kv_reuse=False)
+    no_reuse = FlaxLM(current.lm, max_context=MAX_CONTEXT, kv_reuse=False)
     contenders = {"previous": previous, "current": current, "current_no_reuse": no_reuse}
     torch_score = None if args.no_torch else torch_scorer(args.lm, current, args.dtype)
     retriever = Retriever.load("minilm", max_length=256)
     rows, out = [], {"lm": args.lm, "dtype": args.dtype, "k": args.k, "matmul_peak_flops": peak}
     n_q = 6 if args.quick else 16
-    measure("squad", *squad_pairs(data, retriever, 2, n_q, args.k), contenders, torch_score,
-            current.lm.config, peak, args.repeats, rows, out)
-    for layout, (prompts, conts) in nq_pairs(data, retriever, n_q // 2, 4).items():
-        measure(f"nq_4shot_{layout}", prompts, conts, contenders, torch_score,
-                current.lm.config, peak, args.repeats, rows, out)
-    write(args.name, out, rows, ("workload", "path", "pairs/s", "vs previous", "vs PyTorch",
-                                 "padding", "tokens saved by reuse", "of matmul peak",
-                                 "max |Δ log p| vs previous"))
+    header = ("workload", "path", "pairs/s", "vs previous", "vs PyTorch", "padding",
+              "tokens saved by reuse", "of matmul peak", "max |Δ log p| vs previous")
+    workloads = {"squad": squad_pairs(data, retriever, 2, n_q, args.k),
+                 **{f"nq_4shot_{layout}": pairs for layout, pairs in
+                    nq_pairs(data, retriever, n_q // 2, 4).items()}}
+    for name, (prompts, conts) in workloads.items():  # written after each: a kill keeps some
+        measure(name, prompts, conts, contenders, torch_score, current.lm.config, peak,
+                args.repeats, rows, out)
+        write(args.name, out, rows, header)
 
 
 if __name__ == "__main__":

@@ -50,12 +50,22 @@ def main(argv: list[str] | None = None) -> int:
         setup_jax()
         return args.func(args)
     except (ValueError, FileNotFoundError, MissingExtraError, CapabilityError) as err:
-        print(f"replug: error: {err}", file=sys.stderr)
+        _error(err)
         return 2
     except RuntimeError as err:  # the API client's errors, without importing httpx here
         from replug_jax.lm.api_scorer import APIError
 
         if not isinstance(err, APIError):
             raise
-        print(f"replug: error: {err}", file=sys.stderr)
+        _error(err)
         return 2
+
+
+def _error(err: Exception) -> None:
+    """The one error line, on a line of its own: progress bars left open are closed first."""
+    if "tqdm" in sys.modules:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
+    print(f"replug: error: {err}", file=sys.stderr)

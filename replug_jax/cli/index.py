@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import shutil
 
 from replug_jax.cli.common import (
     command,
@@ -28,6 +29,7 @@ def cmd_build(args) -> int:
 
     from replug_jax.retrieval.build import build_index, corpus_store
     from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.retrieval.faiss_index import check_factory
     from replug_jax.retrieval.quality import describe
     from replug_jax.sharding import initialize_distributed
 
@@ -35,17 +37,28 @@ def cmd_build(args) -> int:
     t0 = time.perf_counter()
     retriever = Retriever.load(args.retriever, similarity=args.similarity,
                                max_length=args.max_length, batch_size=args.batch_size)
-    passages = corpus_store(args.corpus, args.out, chunk_unit=args.chunk_unit,
-                            chunk_size=args.chunk_size, overlap=args.overlap,
-                            tokenizer=retriever.model.tokenizer, progress=not args.json)
-    index = build_index(passages, retriever, args.out, factory=args.factory, nprobe=args.nprobe,
-                        embeddings=args.embeddings, num_shards=args.shards,
-                        embed_shard_rows=args.embed_shard_rows, train_size=args.train_size,
-                        rerank=args.rerank, target_recall=args.target_recall,
-                        recall_queries=_recall_queries(args, retriever),
-                        recall_k=args.recall_k, progress=not args.json,
-                        extra={"corpus": str(args.corpus), "chunk_unit": args.chunk_unit,
-                               "chunk_size": args.chunk_size, "overlap": args.overlap})
+    check_factory(args.factory, retriever.dim)  # before reading the corpus
+    partial = pathlib.Path(args.out).with_name(pathlib.Path(args.out).name + ".partial")
+    fresh = not partial.exists()
+    try:
+        passages = corpus_store(args.corpus, args.out, chunk_unit=args.chunk_unit,
+                                chunk_size=args.chunk_size, overlap=args.overlap,
+                                tokenizer=retriever.model.tokenizer, progress=not args.json)
+        index = build_index(
+            passages, retriever, args.out, factory=args.factory, nprobe=args.nprobe,
+            embeddings=args.embeddings, num_shards=args.shards,
+            embed_shard_rows=args.embed_shard_rows, train_size=args.train_size,
+            rerank=args.rerank, target_recall=args.target_recall,
+            recall_queries=_recall_queries(args, retriever), recall_k=args.recall_k,
+            progress=not args.json,
+            extra={"corpus": str(args.corpus), "chunk_unit": args.chunk_unit,
+                   "chunk_size": args.chunk_size, "overlap": args.overlap})
+    except ValueError:
+        # A build refused before any embedding was paid for leaves nothing behind; one that
+        # embedded keeps its work for the same command to resume.
+        if fresh and partial.exists() and not any(partial.glob("embeddings/*.npy")):
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     m = index.manifest
     seconds = time.perf_counter() - t0
     size = sum(f["size"] for f in m["files"].values())

@@ -25,6 +25,7 @@ from replug_jax.retrieval.faiss_index import (
     STORE,
     Index,
     build_faiss,
+    check_factory,
     check_shard,
     finish_index,
     read_shard_info,
@@ -34,6 +35,17 @@ from replug_jax.retrieval.integrity import IndexLoadError
 from replug_jax.retrieval.quality import recall_report, sample_digest
 from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import barrier
+
+
+def tokenizer_digest(tokenizer) -> str | None:
+    """SHA-256 of a tokenizer's vocabulary (what token chunking depends on)."""
+    if tokenizer is None:
+        return None
+    import hashlib
+    import json
+
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
 def corpus_store(corpus: str | pathlib.Path, out_dir: str | pathlib.Path, *,
@@ -60,7 +72,9 @@ def corpus_store(corpus: str | pathlib.Path, out_dir: str | pathlib.Path, *,
     work.mkdir(parents=True, exist_ok=True)
     st = corpus.stat()
     spec = {"corpus": str(corpus.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "chunk_unit": chunk_unit, "chunk_size": chunk_size, "overlap": overlap}
+            "chunk_unit": chunk_unit, "chunk_size": chunk_size, "overlap": overlap,
+            # token chunks depend on the tokenizer: another retriever's build re-chunks
+            "tokenizer": tokenizer_digest(tokenizer) if chunk_unit == "tokens" else None}
     spec_path, store_path = work / "corpus_spec.json", work / STORE
 
     def reusable() -> bool:
@@ -141,7 +155,9 @@ def build_index(passages: Sequence[Passage] | PassageStore | str | pathlib.Path,
     if embeddings is not None:
         dim = retriever.dim if retriever is not None else None
         source = EmbeddingSource([NpyRows(embeddings, n=len(store), dim=dim)])
+        check_factory(factory, source.dim, len(store) // num_shards)
     else:
+        check_factory(factory, retriever.dim, len(store) // num_shards)  # before embedding
         source = EmbeddingSource.from_files(embed_store(
             store, retriever, work / "embeddings", shard_rows=embed_shard_rows,
             progress=progress, process_index=pid, process_count=pcount))

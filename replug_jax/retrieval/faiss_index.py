@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 from typing import Iterable, Sequence
 
@@ -73,6 +74,32 @@ def train_size_for(base, n: int) -> int:
     except RuntimeError:
         nlist = 0
     return int(min(n, max(64 * nlist, 16384)))
+
+
+def check_factory(factory: str, dim: int, rows_per_shard: int | None = None) -> None:
+    """Refuse, before any work, a FAISS factory string FAISS cannot build, or one whose
+    training needs more vectors than a shard has (k-means needs at least ``nlist`` points, a
+    PQ codebook ``2^nbits``), in one line each."""
+    import faiss
+
+    try:
+        base = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else "unknown"
+        raise ValueError(f"--factory {factory!r}: FAISS cannot build it for {dim}-d vectors "
+                         f"({reason[:200]}); e.g. Flat, IVF4096,Flat, IVF4096,PQ64") from None
+    if rows_per_shard is None or base.is_trained:
+        return
+    need = 1
+    ivf = faiss.try_extract_index_ivf(base)
+    if ivf is not None:
+        need = max(need, int(ivf.nlist))
+    for m in re.finditer(r"PQ(\d+)(?:x(\d+))?", factory):
+        need = max(need, 1 << int(m.group(2) or 8))
+    if rows_per_shard < need:
+        raise ValueError(f"--factory {factory!r} needs at least {need} vectors to train, but a "
+                         f"shard holds {rows_per_shard}; use Flat, fewer IVF lists or fewer "
+                         "shards for this corpus")
 
 
 def build_faiss(source: EmbeddingSource, lo: int, hi: int, factory: str = "Flat", *,
