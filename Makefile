@@ -29,7 +29,7 @@ demo: install models
 	$(VENV)/bin/replug demo
 
 test: install-test models
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -rs tests
 
 bench: install-test models
 	$(PY) -m benches.run_all
