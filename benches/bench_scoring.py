@@ -19,8 +19,10 @@ batches of 8. Reported: pairs/s, ratios, the largest log-prob difference to the 
 (and to PyTorch), padding, the share of tokens reuse saved, and the fraction of the measured
 matmul peak (FLOPs of the tokens each contender really processes / time / peak).
 
-Usage: ``python -m benches.bench_scoring [--quick] [--data DIR] [--dtype bfloat16]``; needs the
-SQuAD and NQ files of ``../shared/data`` (or ``--data``; ``$REPLUG_SHARED_DATA``).
+Usage: ``python -m benches.bench_scoring [--quick] [--data DIR] [--dtype bfloat16]``; reads the
+SQuAD and NQ files of ``../shared/data`` (or ``--data``; ``$REPLUG_SHARED_DATA``). Where they
+are absent (an accelerator machine), ``--synthetic`` builds the same shape from random tokens:
+passages of 100–200 tokens each retrieved by several of the questions (labelled synthetic).
 """
 
 from __future__ import annotations
@@ -88,13 +90,31 @@ def nq_pairs(data: pathlib.Path, retriever, questions: int, k: int, shots: int =
     return out
 
 
+def synthetic_pairs(lm, questions: int, k: int, passages: int = 16, seed: int = 0):
+    """SQuAD's shape without its text: ``questions`` random questions, each with ``k`` of
+    ``passages`` random-token passages (so a passage recurs in about questions·k/passages
+    branches), as token-id text decoded by the LM's tokenizer."""
+    rng = np.random.default_rng(seed)
+    vocab = min(lm.lm.config.vocab_size, 40000)
+    words = lambda n: lm.tokenizer.decode(rng.integers(100, vocab, n).tolist())  # noqa: E731
+    docs = [words(int(rng.integers(100, 200))) for _ in range(passages)]
+    prompts, conts = [], []
+    for _ in range(questions):
+        q, a = words(int(rng.integers(8, 20))), words(int(rng.integers(2, 6)))
+        for j in rng.choice(passages, size=k, replace=False):
+            prompts.append(docs[j] + "\n\nQuestion: " + q + "\nAnswer:")
+            conts.append(" " + a)
+    return prompts, conts
+
+
 def torch_scorer(source: str, lm, dtype: str):
     """Scores token-id pairs with PyTorch ``transformers`` on the same weights."""
     import torch
 
-    from benches.common import torch_causal_lm
+    from benches.common import torch_causal_lm, torch_device
 
-    model = torch_causal_lm(source, dtype, "cpu")
+    device = torch_device()
+    model = torch_causal_lm(source, dtype, device)
 
     def score(prefixes, conts, rows=8):
         seqs = [list(p) + list(c) for p, c in zip(prefixes, conts)]
@@ -109,8 +129,9 @@ def torch_scorer(source: str, lm, dtype: str):
                 for j, i in enumerate(idx):
                     ids[j, :len(seqs[i])] = torch.tensor(seqs[i])
                     mask[j, :len(seqs[i])] = 1
-                logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits
-                                         .float(), -1)
+                logp = torch.log_softmax(model(input_ids=ids.to(device),
+                                               attention_mask=mask.to(device)).logits.float(),
+                                         -1).cpu()
                 for j, i in enumerate(idx):
                     p, c = len(prefixes[i]), len(conts[i])
                     tgt = torch.tensor(seqs[i][p:p + c])
@@ -183,10 +204,14 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=8, help="passages per question (default 8)")
     ap.add_argument("--repeats", type=int, default=1, help="timed rounds (default 1)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="random-token passages in SQuAD's reuse shape instead of the data "
+                         "files (for machines without ../shared/data)")
     ap.add_argument("--name", default="scoring", help="results file stem (default scoring)")
     args = ap.parse_args(argv)
     data = pathlib.Path(args.data)
-    if not (data / "squad_v1.1").is_dir() or not (data / "nq_gold_passages").is_dir():
+    if not args.synthetic and (not (data / "squad_v1.1").is_dir()
+                               or not (data / "nq_gold_passages").is_dir()):
         ap.error(f"--data {data}: needs squad_v1.1/ and nq_gold_passages/ (see "
                  "../shared/data/DATA_SOURCES.md)")
     import jax.numpy as jnp
@@ -201,15 +226,22 @@ def main(argv=None):
     previous.buckets = PREVIOUS_BUCKETS
     no_reuse = FlaxLM(current.lm, max_context=MAX_CONTEXT, kv_reuse=False)
     contenders = {"previous": previous, "current": current, "current_no_reuse": no_reuse}
-    torch_score = None if args.no_torch else torch_scorer(args.lm, current, args.dtype)
-    retriever = Retriever.load("minilm", max_length=256)
-    rows, out = [], {"lm": args.lm, "dtype": args.dtype, "k": args.k, "matmul_peak_flops": peak}
+    from importlib.util import find_spec
+
+    with_torch = not args.no_torch and find_spec("torch") is not None  # else: no column
+    torch_score = torch_scorer(args.lm, current, args.dtype) if with_torch else None
+    rows, out = [], {"lm": args.lm, "dtype": args.dtype, "k": args.k, "matmul_peak_flops": peak,
+                     "synthetic": args.synthetic}
     n_q = 6 if args.quick else 16
     header = ("workload", "path", "pairs/s", "vs previous", "vs PyTorch", "padding",
               "tokens saved by reuse", "of matmul peak", "max |Δ log p| vs previous")
-    workloads = {"squad": squad_pairs(data, retriever, 2, n_q, args.k),
-                 **{f"nq_4shot_{layout}": pairs for layout, pairs in
-                    nq_pairs(data, retriever, n_q // 2, 4).items()}}
+    if args.synthetic:
+        workloads = {"synthetic_squad_shape": synthetic_pairs(current, 2 * n_q, args.k)}
+    else:
+        retriever = Retriever.load("minilm", max_length=256)
+        workloads = {"squad": squad_pairs(data, retriever, 2, n_q, args.k),
+                     **{f"nq_4shot_{layout}": pairs for layout, pairs in
+                        nq_pairs(data, retriever, n_q // 2, 4).items()}}
     for name, (prompts, conts) in workloads.items():  # written after each: a kill keeps some
         measure(name, prompts, conts, contenders, torch_score, current.lm.config, peak,
                 args.repeats, rows, out)

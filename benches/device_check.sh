@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Five-minute accelerator check: install what is missing from local wheels (no network), run
-# the core tests on the accelerator, then the batched-ensemble and LSR train-step benchmarks
-# (ours against PyTorch on the same GPU), and a Llama-3.2-1B-shaped forward in bfloat16.
+# Accelerator check in at most 10 minutes (the stage limits of the default STAGES add up to
+# 585 s): install from local wheels into a fresh environment (no network), the devices, the
+# two-stage exact top-k over 20M x 768 bf16 with its GB/s, FAISS on the GPU (with the CUDA 12
+# runtime and cuBLAS wheels beside faiss-gpu-cu12), and document-KV-reuse scoring on the
+# packaged SmolLM2 architecture in bfloat16 against the previous path and PyTorch.
+# STAGES=all adds the core tests on the GPU, the ensemble / LSR-step / encode benchmarks and
+# a Llama-3.2-1B-shaped model (about 25 minutes: two calls of the device tool).
 # Every stage's log and JSON go to $OUT.
 #
 # Two ways to provide the Python environment:
@@ -27,7 +31,9 @@ PYTHON=${PYTHON:-}
 SITE=${SITE:-/tmp/replug-site}
 ASSETS=${ASSETS:-.device/assets}
 MODELS=${MODELS:-/tmp/replug-models}
+STAGES=${STAGES:-default}
 mkdir -p "$OUT"
+all() { [ "$STAGES" = all ]; }
 export HF_HUB_OFFLINE=1 REPLUG_BENCH_OUT="$OUT" JAX_COMPILATION_CACHE_DIR="$PWD/.jax_cache"
 # JAX and the PyTorch reference share the GPU: JAX takes half, not its default 75 %.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.5}
@@ -44,7 +50,7 @@ stage() {  # stage NAME SECONDS COMMAND...
 if [ -n "$PYTHON" ]; then
   PY=$PYTHON
   if [ -d "$WHEELS" ]; then
-    stage install 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \
+    stage install 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \
       --target "$SITE" "$WHEELS"/*.whl
   fi
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -57,7 +63,7 @@ else
   fi
   PY="$VENV/bin/python"
 fi
-stage devices 60 "$PY" -c "
+stage devices 30 "$PY" -c "
 import importlib.metadata as m, json, jax
 names = ['jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'transformers', 'torch', 'faiss-cpu']
 def version(n):
@@ -71,30 +77,40 @@ if [ -z "${STAND_IN:-}" ] && "$PY" -c "from replug_jax.models.weights import pac
 p('minilm'); p('smollm2')" 2>/dev/null; then
   LM=smollm2 RETRIEVER=minilm
 else
-  stage stand_ins 150 "$PY" -m benches.stand_in fill --assets "$ASSETS" --out "$MODELS"
+  stage stand_ins 45 "$PY" -m benches.stand_in fill --assets "$ASSETS" --out "$MODELS"
   LM=$MODELS/smollm2 RETRIEVER=$MODELS/minilm
 fi
-stage core_tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_core_ensemble.py \
-  tests/test_core_losses.py
-stage bench_inference 150 "$PY" -m benches.bench_inference --quick --lm "$LM"
-stage bench_lsr 150 "$PY" -m benches.bench_lsr --retriever "$RETRIEVER" --remat
-# The datastore at paper scale: embedding throughput (MiniLM- and BERT-base-shaped, bf16) and
-# the projected hours for 21M / 36M passages; exact top-k over a device-resident corpus.
-stage encode_minilm 150 "$PY" -m benches.bench_encode --retriever "$RETRIEVER" --dtype bfloat16
-if [ -d "$MODELS/bert-base" ]; then
-  stage encode_bert_base 150 "$PY" -m benches.bench_encode --retriever "$MODELS/bert-base" \
-    --dtype bfloat16 --name encode_bert-base_bfloat16
+if all; then
+  stage core_tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_core_ensemble.py \
+    tests/test_core_losses.py
+  stage bench_inference 150 "$PY" -m benches.bench_inference --quick --lm "$LM"
+  stage bench_lsr 150 "$PY" -m benches.bench_lsr --retriever "$RETRIEVER" --remat
+  # embedding throughput (MiniLM- and BERT-base-shaped, bf16): the hours for 21M / 36M passages
+  stage encode_minilm 150 "$PY" -m benches.bench_encode --retriever "$RETRIEVER" \
+    --dtype bfloat16
+  if [ -d "$MODELS/bert-base" ]; then
+    stage encode_bert_base 150 "$PY" -m benches.bench_encode --retriever "$MODELS/bert-base" \
+      --dtype bfloat16 --name encode_bert-base_bfloat16
+  fi
 fi
 # exact top-k over 20M x 768 bf16 at batch 64 and 1024: GB/s scanned against the copy bandwidth
-stage sharded_topk 150 "$PY" -m benches.bench_sharded_topk --device-resident 20000000 --dim 768
+stage sharded_topk 120 "$PY" -m benches.bench_sharded_topk --device-resident 20000000 --dim 768
+# LM scoring with document KV reuse, bf16, in SQuAD's reuse shape (random tokens: the data
+# files do not travel), against the previous path and PyTorch on the same GPU
+stage bench_scoring 120 "$PY" -m benches.bench_scoring --synthetic --lm "$LM" \
+  --dtype bfloat16 --repeats 2 --name scoring_bf16
 FAISS_GPU=${FAISS_GPU:-/tmp/replug-faiss-gpu}
 if ls "$WHEELS"/faiss_gpu_cu12-*.whl >/dev/null 2>&1; then
-  stage faiss_gpu_install 120 "$PY" -m pip install -q --no-index --no-deps --target \
-    "$FAISS_GPU" "$WHEELS"/faiss_gpu_cu12-*.whl
-  stage faiss_gpu 240 env PYTHONPATH="$FAISS_GPU:${PYTHONPATH:-$PWD}" "$PY" -m \
+  # faiss-gpu-cu12 loads libcudart.so.12 and libcublas.so.12: their pip wheels go beside it
+  stage faiss_gpu_install 30 "$PY" -m pip install -q --no-index --no-deps --target \
+    "$FAISS_GPU" "$WHEELS"/faiss_gpu_cu12-*.whl "$WHEELS"/nvidia_cuda_runtime_cu12-*.whl \
+    "$WHEELS"/nvidia_cublas_cu12-*.whl
+  CUDA_LIBS="$FAISS_GPU/nvidia/cuda_runtime/lib:$FAISS_GPU/nvidia/cublas/lib"
+  stage faiss_gpu 90 env PYTHONPATH="$FAISS_GPU:${PYTHONPATH:-$PWD}" \
+    LD_LIBRARY_PATH="$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$PY" -m \
     benches.bench_faiss_gpu --n 1000000 --dim 768
 fi
-if [ -d "$MODELS/llama-1b" ]; then
+if all && [ -d "$MODELS/llama-1b" ]; then
   # a 1B-shaped LM in bf16: scoring, forward and the KV-cache decoding point
   stage bench_llama1b 180 "$PY" -m benches.bench_inference --quick --lm "$MODELS/llama-1b" \
     --dtype bfloat16 --parts scoring,forward,decode --name inference_llama1b
