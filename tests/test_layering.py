@@ -1,5 +1,5 @@
-"""The package is layered (no module imports from a layer above its own), and the README's
-Layout section names every module there is, and none that is not."""
+"""The package is layered (no module imports from a layer above its own), and the layout page
+(docs/layout.md) names every module there is, and none that is not."""
 
 import ast
 import pathlib
@@ -33,10 +33,9 @@ def test_no_import_runs_up_the_layers():
 
 
 def _layout_entries() -> dict[str, str]:
-    """README Layout block: ``{path at the start of a line: the text of its entry}``."""
-    readme = (ROOT.parent / "README.md").read_text()
-    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```", 2)[1]
+    """The layout page's block (docs/layout.md): ``{path at the start of a line: the text of
+    its entry}``."""
+    block = (ROOT.parent / "docs" / "layout.md").read_text().split("```", 2)[1]
     entries: dict[str, str] = {}
     current = None
     for line in block.splitlines():
@@ -48,15 +47,15 @@ def _layout_entries() -> dict[str, str]:
     return entries
 
 
-def test_readme_layout_names_every_module():
+def test_layout_page_names_every_module():
     entries = _layout_entries()
     named = set()
     for path, text in entries.items():
-        assert (ROOT.parent / path).exists(), f"README Layout names {path}, which does not exist"
+        assert (ROOT.parent / path).exists(), f"docs/layout.md names {path}, which does not exist"
         if path.startswith("replug_jax/") and path.endswith("/"):
             for module in re.findall(r"\b(\w+\.py)\b", text):
                 assert (ROOT.parent / path / module).exists(), \
-                    f"README Layout names {path}{module}, which does not exist"
+                    f"docs/layout.md names {path}{module}, which does not exist"
                 named.add(path + module)
         else:
             named.add(path)
@@ -65,4 +64,4 @@ def test_readme_layout_names_every_module():
     missing = sorted(m for m in modules if m not in named
                      and not any(m.startswith(n) for n in named if n.endswith("/")
                                  and not re.search(r"\w+\.py", entries.get(n, ""))))
-    assert not missing, f"README Layout does not name: {missing}"
+    assert not missing, f"docs/layout.md does not name: {missing}"

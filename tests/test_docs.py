@@ -1,0 +1,160 @@
+"""The README and docs/ say only what is true: every `replug …` command and option they name is
+in the CLI, every file path they name exists, every number of the README's results table is in
+the JSON its row links, and every results folder's README says which numbers are current."""
+
+import json
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REPO_DIRS = ("replug_jax", "experiments", "benches", "tests", "checkpoints", "docs", ".ci")
+
+
+def _parsers():
+    """``{("index", "build"): parser, ...}`` of every `replug` command."""
+    import argparse
+
+    from replug_jax.cli import build_parser
+
+    out = {}
+
+    def walk(parser, prefix):
+        out[prefix] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, prefix + (name,))
+
+    walk(build_parser(), ())
+    return out
+
+
+def command_lines(text: str) -> list[str]:
+    """`replug …` invocations of a page: code-block lines (continuations joined) and inline
+    code spans."""
+    out = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            out += re.findall(r"(?:^|[\s;&|(`$])(replug\s+[^#|&;]*)", line)
+    out += [m for m in re.findall(r"`(replug\s[^`]*)`", text)]
+    return out
+
+
+def check_command(line: str, parsers) -> str | None:
+    """Why ``line`` (``replug …``) names a command or option the CLI lacks, else None."""
+    words = line.split()[1:]
+    path = ()
+    for w in words:
+        if w.startswith("-") or (path + (w,)) not in parsers:
+            break
+        path += (w,)
+    if not path:
+        if words and not words[0].startswith("-") and re.fullmatch(r"[a-z][a-z-]*", words[0]):
+            return f"`{line}`: no command {words[0]!r}"
+        return None
+    parser = parsers[path]
+    known = {s for a in parser._actions for s in a.option_strings}
+    for opt in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", line):
+        if opt not in known:
+            return f"`{line}`: `replug {' '.join(path)}` has no option {opt}"
+    return None
+
+
+def file_paths(text: str) -> list[str]:
+    """Repository paths a page names (in code or links), outputs of commands excluded."""
+    text = re.sub(r"--(out|workdir|partial)\s+\S+", "", text)
+    dirs = "|".join(map(re.escape, REPO_DIRS))
+    found = re.findall(r"(?<![\w./-])((?:%s)/[\w./-]*[\w/])(?![\w{<*-])" % dirs, text)
+    return [p for p in found if not p.startswith(("experiments/data/",))]
+
+
+def link_targets(text: str) -> list[str]:
+    return [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)
+            if not t.startswith(("http://", "https://", "#", "mailto:"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_commands_and_options_exist(page):
+    parsers = _parsers()
+    bad = [why for line in command_lines(page.read_text())
+           if (why := check_command(line, parsers))]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_named_files_and_links_exist(page):
+    text = page.read_text()
+    missing = [p for p in file_paths(text) if not (ROOT / p).exists()]
+    missing += [t for t in link_targets(text) if t and not (page.parent / t).exists()]
+    assert not missing, f"{page.name} names files that do not exist: {missing}"
+
+
+def _numbers(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _numbers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _numbers(v)
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield float(obj)
+
+
+def table_mismatches(readme: str, root: pathlib.Path = ROOT) -> list[str]:
+    """Numbers of the README's results table that no value of the row's linked JSON rounds
+    to (at the decimals shown)."""
+    section = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("|") and ".json)" in r]
+    assert rows, "the README's results table has no row linking a JSON file"
+    bad = []
+    for row in rows:
+        values = set()
+        for link in re.findall(r"\]\(([^)]+\.json)\)", row):
+            values |= set(_numbers(json.loads((root / link).read_text())))
+        cells = re.sub(r"\[[^\]]*\]\([^)]*\)", "", row).replace("−", "-")
+        for text in re.findall(r"[-+]?\d+\.\d+", cells):
+            places = len(text.split(".")[1])
+            want = float(text)
+            if not any(round(v, places) == round(want, places) for v in values):
+                bad.append(f"{text} (row: {row[:60]}…)")
+    return bad
+
+
+def test_results_table_numbers_equal_their_json():
+    assert not table_mismatches((ROOT / "README.md").read_text())
+
+
+def test_results_folders_say_which_numbers_are_current():
+    for folder in sorted((ROOT / "experiments" / "results").iterdir()):
+        if not folder.is_dir():
+            continue
+        head = "\n".join((folder / "README.md").read_text().splitlines()[:4])
+        assert "**Current numbers**" in head, folder.name
+        for js in folder.glob("*.json"):
+            assert f"`{js.stem}` (commit `" in head, (folder.name, js.stem)
+
+
+def test_readme_is_short_and_opens_with_the_two_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150
+    first_code = [i for i, line in enumerate(lines) if line.strip() in ("make demo", "make test")]
+    assert first_code and first_code[0] < 25
+
+
+# -- the checks themselves fail on what they must catch ----------------------------------------
+
+def test_the_checks_catch_a_renamed_option_a_missing_file_and_a_changed_number(tmp_path):
+    parsers = _parsers()
+    assert check_command("replug index build --corpus c.jsonl --out x/", parsers) is None
+    assert "no option --corpse" in check_command("replug index build --corpse c.jsonl", parsers)
+    assert "no command" in check_command("replug indx build", parsers)
+    assert file_paths("see `benches/bench_nothing.py` and replug --out runs/x") == \
+        ["benches/bench_nothing.py"]
+    (tmp_path / "r.json").write_text(json.dumps({"a": {"b": 1.05729}, "c": [-0.0452]}))
+    readme = ("# x\n\n## Results\n\n| what | n | src |\n|---|---|---|\n"
+              "| t | 1.0573 (−0.0452) | [json](r.json) |\n\n## Next\n")
+    assert table_mismatches(readme, tmp_path) == []
+    assert table_mismatches(readme.replace("1.0573", "1.0574"), tmp_path)
