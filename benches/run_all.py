@@ -10,8 +10,9 @@ import importlib
 
 BENCHES = ("bench_models", "bench_inference", "bench_lsr", "bench_encode", "bench_retrieval",
            "bench_sharded_topk", "bench_recall", "bench_datastore", "bench_serve",
-           "bench_first_run")
-HAS_QUICK = {"bench_models", "bench_inference", "bench_lsr", "bench_retrieval"}
+           "bench_first_run", "bench_scoring", "bench_precision")
+HAS_QUICK = {"bench_models", "bench_inference", "bench_lsr", "bench_retrieval", "bench_scoring",
+             "bench_precision"}
 
 
 def main(argv=None):
