@@ -78,7 +78,8 @@ def variants(cfg) -> list[PoolTrainConfig]:
                 continue
             seen.add(key)
             out.append(PoolTrainConfig(
-                objective=objective, gamma=gamma, beta=beta, k=cfg.k, lm_score=cfg.lm_score,
+                objective=objective, gamma=gamma, beta=beta, k=cfg.k,
+                lm_score="sum" if objective == "marginal" else cfg.lm_score,  # its only score
                 steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                 refresh_every=cfg.refresh_every, eval_every=cfg.eval_every,
                 patience=cfg.patience, eval_temperature=cfg.eval_temperature, seed=cfg.seed))

@@ -108,7 +108,8 @@ def test_training_on_the_pool_moves_the_retriever_and_keeps_the_best_dev(tiny, t
     lm, retriever = tiny
     pool, passages = _pool(tiny, tmp_path / "pool")
     cfg = PoolTrainConfig(objective=objective, k=2, steps=6, batch_size=2, refresh_every=3,
-                          eval_every=2, patience=10, learning_rate=1e-3)
+                          eval_every=2, patience=10, learning_rate=1e-3,
+                          lm_score="sum" if objective == "marginal" else "mean")
     fit = train_on_pool(retriever, pool, _examples(), pool, _examples(),
                         {p.id: p for p in passages}, cfg, progress=False)
     curve = fit["curve"]
@@ -148,3 +149,15 @@ def test_pool_key_has_the_separator_and_part_size_and_survives_json(tiny, tmp_pa
     (tmp_path / "pool" / "branches.npz").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(ValueError, match="not a readable branch cache"):
         ScoredPool.load(tmp_path / "pool")
+
+
+def test_the_marginal_objective_needs_summed_scores_in_every_trainer():
+    """Issue 34, point 1: the pool trainer once passed mean token log-likelihoods into the
+    marginal likelihood; the rule is now the main trainer's, in one place."""
+    from replug_jax.train.config import LSRConfig
+
+    with pytest.raises(ValueError, match="needs lm_score 'sum'"):
+        PoolTrainConfig(objective="marginal")
+    PoolTrainConfig(objective="marginal", lm_score="sum")
+    with pytest.raises(ValueError, match="needs lm_score 'sum'"):
+        LSRConfig(objective="marginal", lm_score="mean")

@@ -11,6 +11,17 @@ from replug_jax import config
 from replug_jax.models.registry import DEFAULT_LM
 
 
+MARGINAL_NEEDS_SUM = ("objective 'marginal' needs lm_score 'sum': the marginal likelihood "
+                      "sum_d P_R(d|x) p(y|d,x) is over whole-continuation probabilities, not "
+                      "per-token means")
+
+
+def marginal_score_ok(objective: str, lm_score: str) -> bool:
+    """The one rule every LSR trainer checks: the marginal likelihood needs summed token
+    log-probs (``log p(y|d,x)``), never their mean."""
+    return objective != "marginal" or lm_score == "sum"
+
+
 @dataclasses.dataclass(frozen=True)
 class LSRConfig:
     # models
@@ -95,10 +106,7 @@ class LSRConfig:
             (self.refresh_lag < self.refresh_every,
              f"refresh_lag ({self.refresh_lag}) must be smaller than refresh_every "
              f"({self.refresh_every}): a longer lag would silently skip refreshes"),
-            (self.objective != "marginal" or self.lm_score == "sum",
-             "objective 'marginal' needs lm_score 'sum': the marginal likelihood "
-             "sum_d P_R(d|x) p(y|d,x) is over whole-continuation probabilities, not per-token "
-             "means"),
+            (marginal_score_ok(self.objective, self.lm_score), MARGINAL_NEEDS_SUM),
         ]
         for literal, allowed in (("similarity", ("cosine", "dot")), ("task", ("qa", "lm")),
                                  ("chunk_unit", ("words", "tokens")),

@@ -37,6 +37,7 @@ import numpy as np
 from replug_jax.eval.temperature import BranchCache, mixture_logliks
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.retrieval.index import corpus_text
+from replug_jax.train.config import MARGINAL_NEEDS_SUM, marginal_score_ok
 from replug_jax.train.data import Example, batch_indices
 from replug_jax.train.supervision import branch_prompts
 
@@ -262,6 +263,10 @@ class PoolTrainConfig:
     patience: int = 4  # evaluations without a new best dev value before stopping
     eval_temperature: float = 1.0  # τ of λ at evaluation (§3.2: 1)
     seed: int = 0
+
+    def __post_init__(self):
+        if not marginal_score_ok(self.objective, self.lm_score):
+            raise ValueError(MARGINAL_NEEDS_SUM)
 
 
 OBJECTIVES = {"kl_retriever_to_lm": ("kl", "retriever_to_lm"),
