@@ -14,9 +14,9 @@ layout and an LSR pool are all handled alike), and chooses which to compute once
 2. sort those heads lexicographically: sequences sharing a prefix become neighbours, and
    the longest prefix shared by a run of them is the minimum of their neighbours' common
    prefix lengths;
-3. on the Cartesian tree of those minima, a run is either scored as one group (its shared
-   prefix once, then each member's own tokens) or split where the minimum is reached, whichever
-   processes fewer tokens (a dynamic programme, exact for this one-level reuse).
+3. on the Cartesian tree of those minima, bottom up: a run either forms one group sharing its
+   common prefix (its parts joining whole, or keeping their own deeper groups and lending it
+   their single sequences) or keeps its parts' choices, whichever processes fewer tokens.
 
 Reuse is exact: the grouped computation attends over the same keys as the whole sequence
 (``models.decoder``'s cache path), so results agree to float rounding.
@@ -99,9 +99,11 @@ def plan_prefixes(seqs: Sequence[Sequence[int]], limits: Sequence[int], *,
     """``(groups, singles)``: groups of sequences that share a prefix of at least
     ``min_shared`` tokens (the prefix computed once), and the sequences scored whole.
 
-    ``limits[i]`` caps how many of sequence ``i``'s tokens may be shared. Minimises the tokens
-    processed, ``Σ_groups (length + Σ_members (len_i − length)) + Σ_singles len_i``, over the
-    one-level groupings of the lexicographic order (see the module docstring)."""
+    ``limits[i]`` caps how many of sequence ``i``'s tokens may be shared. Lowers the tokens
+    processed, ``Σ_groups (length + Σ_members (len_i − length)) + Σ_singles len_i``, by a
+    bottom-up choice on the tree of common prefixes (see the module docstring): never more than
+    scoring every sequence whole, and within 1.5 % of the best one-level grouping on the 8,000
+    random cases the tests searched exhaustively (mostly equal to it); not proven optimal."""
     n = len(seqs)
     if n < 2:
         return [], list(range(n))
@@ -135,17 +137,29 @@ def plan_prefixes(seqs: Sequence[Sequence[int]], limits: Sequence[int], *,
             stack.append((lo, hi, True))
             stack.extend((s, e, False) for s, e in parts)
             continue
-        cost = sum(results[p][0] for p in parts)
-        sub_groups = [g for p in parts for g in results[p][1]]
-        sub_singles = [s for p in parts for s in results[p][2]]
-        for p in parts:
-            del results[p]
+        subs = [results.pop(p) for p in parts]
+        cost = sum(r[0] for r in subs)
+        sub_groups = [g for r in subs for g in r[1]]
+        sub_singles = [x for r in subs for x in r[2]]
+        best = (cost, sub_groups, sub_singles)
         if m >= min_shared:
-            together = m + (prefix_len[hi + 1] - prefix_len[lo]) - m * (hi - lo + 1)
-            if together < cost:
-                results[(lo, hi)] = (together, [(m, tuple(range(lo, hi + 1)))], [])
-                continue
-        results[(lo, hi)] = (cost, sub_groups, sub_singles)
+            # A group sharing the run's m tokens: each part joins it whole, or keeps its own
+            # groups and lends it its single sequences (each then saves m), whichever is
+            # cheaper.
+            members, kept, total = [], [], m
+            for (s_, e_), (c, g, singles) in zip(parts, subs):
+                whole_cost = prefix_len[e_ + 1] - prefix_len[s_] - m * (e_ - s_ + 1)
+                lend_cost = c - m * len(singles)
+                if whole_cost <= lend_cost:
+                    members += range(s_, e_ + 1)
+                    total += whole_cost
+                else:
+                    members += singles
+                    kept += g
+                    total += lend_cost
+            if len(members) >= 2 and total < cost:
+                best = (total, kept + [(m, tuple(sorted(members)))], [])
+        results[(lo, hi)] = best
     _, grouped, whole_rows = results[(0, n - 1)]
     return ([PrefixGroup(m, tuple(order[j] for j in members)) for m, members in grouped],
             [order[j] for j in whole_rows])
