@@ -14,27 +14,16 @@ Usage: ``python -m benches.bench_precision [--quick] [--data DIR] [--synthetic]`
 
 from __future__ import annotations
 
-import argparse
-import os
 import pathlib
 
 import numpy as np
 
-from benches.bench_scoring import squad_pairs, synthetic_pairs
+from benches.bench_scoring import squad_pairs, synthetic_pairs, workload_parser
 from benches.common import best_times, write
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer questions (smoke run)")
-    ap.add_argument("--data", default=os.environ.get("REPLUG_SHARED_DATA", str(
-        pathlib.Path(__file__).resolve().parents[2] / "shared" / "data")),
-                    help="folder with squad_v1.1/ (default ../shared/data)")
-    ap.add_argument("--synthetic", action="store_true",
-                    help="random-token passages in SQuAD's shape instead of the data files")
-    ap.add_argument("--lm", default="smollm2", help="LM source (default the packaged SmolLM2)")
-    ap.add_argument("--k", type=int, default=8, help="passages per question (default 8)")
+    ap = workload_parser(__doc__)
     ap.add_argument("--name", default="precision", help="results file stem")
     args = ap.parse_args(argv)
     from scipy.stats import kendalltau

@@ -191,22 +191,28 @@ def measure(name, prompts, conts, contenders, torch_score, cfg, peak, repeats, r
                      f"{r['max_abs_logprob_diff_vs_previous']:.1e}"))
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
+def workload_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every scoring benchmark shares: size, data folder, synthetic data, LM, k."""
+    ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
     ap.add_argument("--data", default=os.environ.get("REPLUG_SHARED_DATA", str(
         pathlib.Path(__file__).resolve().parents[2] / "shared" / "data")),
                     help="folder with squad_v1.1/ and nq_gold_passages/ (default ../shared/data)")
-    ap.add_argument("--lm", default="smollm2", help="LM source (default the packaged SmolLM2)")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                    help="LM parameter dtype (default float32)")
-    ap.add_argument("--k", type=int, default=8, help="passages per question (default 8)")
-    ap.add_argument("--repeats", type=int, default=1, help="timed rounds (default 1)")
-    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--synthetic", action="store_true",
                     help="random-token passages in SQuAD's reuse shape instead of the data "
                          "files (for machines without ../shared/data)")
+    ap.add_argument("--lm", default="smollm2", help="LM source (default the packaged SmolLM2)")
+    ap.add_argument("--k", type=int, default=8, help="passages per question (default 8)")
+    return ap
+
+
+def main(argv=None):
+    ap = workload_parser(__doc__)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="LM parameter dtype (default float32)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed rounds (default 1)")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--name", default="scoring", help="results file stem (default scoring)")
     args = ap.parse_args(argv)
     data = pathlib.Path(args.data)
