@@ -5,7 +5,8 @@ and a short last batch padded to a power of two (``lm.batching``), so ``jit`` co
 handful of shapes and never per call. Padding uses position -1 (see ``models.decoder``), so it
 never changes a result. Scoring computes the keys and values of a prefix shared by several
 sequences once (document KV reuse, ``lm.kv_reuse``: every branch ``d ∘ x`` of a passage
-starts with the same tokens), with the same log-probs as scoring each sequence whole. Generation runs a jitted decode loop with a KV cache, in chunks of
+starts with the same tokens), with the same log-probs as scoring each sequence whole.
+Generation runs a jitted decode loop with a KV cache, in chunks of
 ``chunk`` tokens between which stop strings are checked; the K document branches of a query
 decode together and receive the same token at every step (coordinated decoding, §3.2).
 """

@@ -73,6 +73,7 @@ class PrefixKV:
         self.hits = 0
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lengths: collections.Counter = collections.Counter()
+        self._order: list[int] | None = None  # the cached lengths, longest first
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -87,6 +88,7 @@ class PrefixKV:
             return
         self._entries[key] = entry
         self._lengths[len(key)] += 1
+        self._order = None
         self.bytes += size
         while self.bytes > self.max_bytes:
             old, old_entry = self._entries.popitem(last=False)
@@ -94,6 +96,7 @@ class PrefixKV:
             self._lengths[len(old)] -= 1
             if not self._lengths[len(old)]:
                 del self._lengths[len(old)]
+                self._order = None
 
     def get(self, key: tuple):
         entry = self._entries.get(key)
@@ -105,7 +108,9 @@ class PrefixKV:
     def longest(self, seq: Sequence[int], limit: int, min_len: int) -> int:
         """The length of the longest cached prefix of ``seq`` of ``min_len``..``limit``
         tokens (0 if none)."""
-        for n in sorted(self._lengths, reverse=True):
+        if self._order is None:  # sorted once per change, not once per sequence looked up
+            self._order = sorted(self._lengths, reverse=True)
+        for n in self._order:
             if min_len <= n <= limit and tuple(seq[:n]) in self._entries:
                 return n
         return 0
@@ -113,6 +118,7 @@ class PrefixKV:
     def clear(self) -> None:
         self._entries.clear()
         self._lengths.clear()
+        self._order = None
         self.bytes = 0
 
 

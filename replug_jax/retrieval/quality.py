@@ -111,14 +111,14 @@ def measure(index: Index, source: EmbeddingSource, queries_QD: np.ndarray, exact
     rows = _rows_of(index, res.ids)
     kth_Q = exact.scores_QK[:, k - 1]
     tol_Q = TIE_TOLERANCE * np.maximum(1.0, np.abs(kth_Q))
+    kept = [list(dict.fromkeys(r for r in got if r >= 0 and (
+        exclude_rows is None or r != exclude_rows[i])))[:k] for i, got in enumerate(rows)]
+    unique = np.unique(np.array([r for got in kept for r in got], np.int64))
+    vectors = source.take(unique) if len(unique) else np.zeros((0, source.dim), np.float32)
+    at = {int(r): j for j, r in enumerate(unique)}  # one read of every returned row
     hits = []
-    for i, got in enumerate(rows):
-        got = list(dict.fromkeys(r for r in got if r >= 0 and (
-            exclude_rows is None or r != exclude_rows[i])))[:k]
-        if not got:
-            hits.append(0.0)
-            continue
-        s = source.take(np.array(got)) @ np.asarray(queries_QD[i], np.float32)
+    for i, got in enumerate(kept):
+        s = vectors[[at[r] for r in got]] @ np.asarray(queries_QD[i], np.float32)
         hits.append(float(np.sum(s >= kth_Q[i] - tol_Q[i])) / k)
     low, high = recall_interval(np.array(hits))
     return {"k": k, "recall": float(np.mean(hits)), "low": low, "high": high,
