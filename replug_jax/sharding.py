@@ -1,20 +1,58 @@
 """The device mesh and the partition rules, in one place.
 
-Training is data-parallel over a 1-D ``("data",)`` mesh: batches are split along their first
-axis, retriever parameters and optimizer state are replicated, and XLA inserts the gradient
-all-reduce. Multi-host runs call :func:`initialize_distributed` in the entry point first; then
-the mesh spans every process's devices, each process supplies only its own rows of a batch
-(:func:`local_rows`, :func:`shard_batch` via ``jax.make_array_from_process_local_data``) and of
-a sharded corpus, and replicated values are assembled from identical host copies.
+Retriever training is data-parallel over a 1-D ``("data",)`` mesh: batches are split along
+their first axis, retriever parameters and optimizer state are replicated, and XLA inserts the
+gradient all-reduce. Multi-host runs call :func:`initialize_distributed` in the entry point
+first; then the mesh spans every process's devices, each process supplies only its own rows of
+a batch (:func:`local_rows`, :func:`shard_batch` via ``jax.make_array_from_process_local_data``)
+and of a sharded corpus, and replicated values are assembled from identical host copies.
+
+The frozen LM (and, where asked, the retriever) is sharded over a mesh with named axes
+``data`` × ``fsdp`` × ``model`` (:func:`parse_mesh`, :func:`make_mesh`). Every parameter is
+annotated where it is declared with *logical* axes (Flax NNX ``out_sharding`` metadata:
+``("embed", "heads")`` for a query kernel ...), and :data:`LOGICAL_RULES` maps logical axes to
+mesh axes, Megatron-style: column-parallel q/k/v/gate/up (their output features on ``model``),
+row-parallel o/down (their input features on ``model``), the embedding and the output head
+sharded over the vocabulary, the KV cache over its kv-head axis, activations over the batch.
+:func:`param_shardings` turns an abstract module state into ``NamedSharding`` s by these rules.
 """
 
 from __future__ import annotations
+
+import math
+import warnings
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA = "data"
+FSDP = "fsdp"
+MODEL = "model"
+MESH_AXES = (DATA, FSDP, MODEL)
+
+# Logical axis -> mesh axes, the one table every sharded parameter, cache and input goes
+# through. A dimension whose size the mesh axes do not divide is replicated instead (with a
+# warning), except attention heads, which are refused (see :func:`check_heads`).
+LOGICAL_RULES: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("batch", (DATA, FSDP)),    # activations, inputs, the KV cache's sequences
+    ("vocab", (MODEL,)),        # embedding rows and output-head columns
+    ("heads", (MODEL,)),        # query heads: q's outputs, o's inputs (column / row parallel)
+    ("kv_heads", (MODEL,)),     # key/value heads and the KV cache (replicated if M ∤ J)
+    ("mlp", (MODEL,)),          # gate/up outputs, down inputs (column / row parallel)
+    ("embed", (FSDP,)),         # the model width: sharded only by an fsdp axis
+    ("positions", None),        # learned position tables
+    ("norm", None),             # norm scales and biases
+    ("layers", None),           # the KV cache's layer axis
+    ("length", None),           # sequence positions
+    ("head_dim", None),
+)
+
+
+def axes(*logical: str | None) -> dict:
+    """Parameter metadata declaring ``logical`` axes (one per dimension) for the rules table;
+    the arrays are placed by :func:`param_shardings`, not when a module is created."""
+    return {"out_sharding": tuple(logical), "eager_sharding": False}
 
 
 def initialize_distributed() -> None:
@@ -43,9 +81,139 @@ def initialize_distributed() -> None:
         jax.distributed.initialize()
 
 
-def make_mesh(num_devices: int | None = None) -> Mesh:
-    devices = jax.devices()[: num_devices or len(jax.devices())]
-    return Mesh(np.array(devices), (DATA,), axis_types=(jax.sharding.AxisType.Auto,))
+def make_mesh(num_devices: int | None = None, shape: dict[str, int] | None = None) -> Mesh:
+    """A mesh over every process's devices: 1-D ``("data",)`` over the first ``num_devices``
+    (all by default), or with named axes from ``shape`` (``{"data": 2, "model": 4}``; see
+    :func:`parse_mesh`), whose sizes must multiply to the device count."""
+    if shape is None:
+        devices = jax.devices()[: num_devices or len(jax.devices())]
+        return Mesh(np.array(devices), (DATA,), axis_types=(jax.sharding.AxisType.Auto,))
+    names = tuple(a for a in MESH_AXES if a in shape)
+    sizes = tuple(int(shape[a]) for a in names)
+    n = len(jax.devices())
+    if math.prod(sizes) != n:
+        raise ValueError(f"mesh {format_mesh(shape)} has {math.prod(sizes)} devices but "
+                         f"{n} are visible ({jax.device_count()} over {jax.process_count()} "
+                         "process(es)); make the axis sizes multiply to that")
+    # One process: mesh_utils orders the devices for the topology (TPU ICI rings, NVLink
+    # domains). Several: jax.devices() lists each process's devices together, so the
+    # fastest-varying (last) axis, model, stays within a host and data crosses hosts.
+    if jax.process_count() == 1:
+        from jax.experimental import mesh_utils
+
+        devices = mesh_utils.create_device_mesh(sizes, allow_split_physical_axes=True)
+    else:
+        devices = np.array(jax.devices()).reshape(sizes)
+    return Mesh(devices, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2,model=4"`` -> ``{"data": 2, "model": 4}``; axes are ``data``, ``fsdp`` and
+    ``model``, each at most once, each a positive integer."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, size = part.partition("=")
+        name = name.strip()
+        if not eq or name not in MESH_AXES or name in out:
+            raise ValueError(f"mesh {text!r}: expected axis=size pairs such as "
+                             f"'data=2,model=4' with axes from {', '.join(MESH_AXES)}, each "
+                             "at most once")
+        try:
+            out[name] = int(size)
+        except ValueError:
+            raise ValueError(f"mesh {text!r}: size of {name!r} is not an integer") from None
+        if out[name] < 1:
+            raise ValueError(f"mesh {text!r}: size of {name!r} must be at least 1")
+    if not out:
+        raise ValueError(f"mesh {text!r}: no axes given (e.g. 'model=8')")
+    return out
+
+
+def format_mesh(shape) -> str:
+    return ",".join(f"{k}={v}" for k, v in dict(shape).items())
+
+
+def mesh_size(mesh: Mesh | None, axis: str) -> int:
+    return int(mesh.shape[axis]) if mesh is not None and axis in mesh.shape else 1
+
+
+def batch_multiple(mesh: Mesh | None) -> int:
+    """Rows of a batch must be a multiple of this (the devices the batch axis spans)."""
+    return mesh_size(mesh, DATA) * mesh_size(mesh, FSDP)
+
+
+def check_heads(num_heads: int, mesh: Mesh | None, what: str) -> None:
+    """Refuse, in one line, a model axis that does not divide the attention heads."""
+    m = mesh_size(mesh, MODEL)
+    if num_heads % m:
+        works = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
+        raise ValueError(f"model axis {m} does not divide the {num_heads} attention heads of "
+                         f"{what}: model sizes that work are {', '.join(map(str, works))}")
+
+
+def logical_spec(logical: tuple, shape: tuple[int, ...], mesh: Mesh, *,
+                 what: str = "") -> PartitionSpec:
+    """The ``PartitionSpec`` of an array with ``logical`` axes by :data:`LOGICAL_RULES`: mesh
+    axes absent from ``mesh`` are dropped, and a dimension they do not divide is replicated
+    (warned once per logical axis and size)."""
+    rules = dict(LOGICAL_RULES)
+    spec = []
+    for name, size in zip(logical, shape):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in rules:
+            raise KeyError(f"logical axis {name!r} of {what} is not in LOGICAL_RULES")
+        targets = tuple(a for a in (rules[name] or ()) if a in mesh.shape and
+                        mesh.shape[a] > 1)
+        n = math.prod(mesh.shape[a] for a in targets)
+        if targets and size % n:
+            _warn_replicated(name, size, n)
+            targets = ()
+        spec.append(None if not targets else targets[0] if len(targets) == 1 else targets)
+    return PartitionSpec(*spec)
+
+
+_WARNED: set = set()
+
+
+def _warn_replicated(name: str, size: int, n: int) -> None:
+    if (name, size, n) not in _WARNED:
+        _WARNED.add((name, size, n))
+        warnings.warn(f"logical axis {name!r} of size {size} is not divisible by its "
+                      f"{n} mesh devices: replicated", stacklevel=4)
+
+
+def logical_sharding(mesh: Mesh, logical: tuple, shape: tuple[int, ...]) -> NamedSharding:
+    return NamedSharding(mesh, logical_spec(logical, shape, mesh))
+
+
+def param_shardings(flat_state, mesh: Mesh) -> dict:
+    """``{parameter path: NamedSharding}`` for a flat (abstract) NNX state whose variables
+    declare logical axes (:func:`axes`); variables without them are replicated."""
+    out = {}
+    for path, var in flat_state:
+        logical = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
+        out[path] = NamedSharding(mesh, logical_spec(tuple(logical), tuple(var.shape), mesh,
+                                                     what=".".join(map(str, path))))
+    return out
+
+
+def put_global(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A global array from a host array every process holds whole (each process places
+    only the slices its devices hold)."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def addressable_bytes(tree) -> int:
+    """Bytes of ``tree``'s arrays held by this process's first device."""
+    device = jax.local_devices()[0]
+    total = 0
+    for x in jax.tree.leaves(tree):
+        if isinstance(x, jax.Array):
+            total += sum(s.data.nbytes for s in x.addressable_shards if s.device == device)
+    return total
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -292,6 +292,47 @@ def test_gpt2_parity_tiny_random(tmp_path):
     np.testing.assert_allclose(np.concatenate([first, rest], 1), theirs, atol=1e-4)
 
 
+# -- OPT ----------------------------------------------------------------------------------
+
+@pytest.mark.torch
+@pytest.mark.parametrize("variant", ["pre_ln", "post_ln_projected"])
+def test_opt_parity_tiny_random(tmp_path, variant):
+    """OPT (learned positions offset by 2, ReLU, biases): pre-LN as OPT-125m..66b, and the
+    OPT-350m variant (post-LN, no final norm, 32-wide embedding projected to the 64-wide
+    model), against transformers' OPTForCausalLM; right padding, and a KV cache."""
+    torch = torch_or_skip()
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    post = variant == "post_ln_projected"
+    cfg = OPTConfig(vocab_size=49152, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=64,
+                    do_layer_norm_before=not post, word_embed_proj_dim=32 if post else 64,
+                    pad_token_id=2, bos_token_id=1, eos_token_id=2)
+    ref = OPTForCausalLM(cfg).eval()
+    ref.save_pretrained(tmp_path)
+    write_smollm_tokenizer(tmp_path)
+    lm = load_lm(str(tmp_path))
+    assert lm.config.family == "opt" and lm.config.final_norm is (not post)
+    assert (lm.config.embed_dim == 32) is post
+    ids = random_ids(np.random.default_rng(4), (2, 24), 49152)
+    apply, state = functional(lm.model)
+    pos = np.broadcast_to(np.arange(24), (2, 24)).astype(np.int32)
+    ours, _ = apply(state, jnp.asarray(ids), jnp.asarray(pos))
+    with torch.no_grad():
+        theirs = ref(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    assert np.abs(np.asarray(ours) - theirs).max() <= 1e-4
+    # Row 1 right-padded after 15 tokens: its real positions are unchanged.
+    pos_pad = pos.copy()
+    pos_pad[1, 15:] = -1
+    padded, _ = apply(state, jnp.asarray(ids), jnp.asarray(pos_pad))
+    np.testing.assert_allclose(np.asarray(padded)[1, :15], theirs[1, :15], atol=1e-4)
+    cache = init_cache(lm.config, 2, 24)
+    first, cache = apply(state, jnp.asarray(ids[:, :10]), jnp.asarray(pos[:, :10]), cache)
+    rest, cache = apply(state, jnp.asarray(ids[:, 10:]), jnp.asarray(pos[:, 10:]), cache)
+    np.testing.assert_allclose(np.concatenate([first, rest], 1), theirs, atol=1e-4)
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 def test_directory_without_weights(tmp_path):

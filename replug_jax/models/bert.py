@@ -17,6 +17,7 @@ from flax import nnx
 
 from replug_jax.models.layers import attention, fused_linear, linear
 from replug_jax.models.weights import transposed, unchanged
+from replug_jax.sharding import axes
 
 Pooling = Literal["mean", "cls"]
 
@@ -86,19 +87,34 @@ def _act(name: str):
     return lambda x: jax.nn.gelu(x, approximate=True)
 
 
+def _linear(n_in: int, n_out: int, logical: tuple[str, str], kw: dict) -> nnx.Linear:
+    return nnx.Linear(n_in, n_out, kernel_metadata=axes(*logical),
+                      bias_metadata=axes(logical[1]), **kw)
+
+
+def _layer_norm(d: int, eps: float, kw: dict) -> nnx.LayerNorm:
+    return nnx.LayerNorm(d, epsilon=eps, scale_metadata=axes("norm"),
+                         bias_metadata=axes("norm"), **kw)
+
+
+def _embed(n: int, d: int, rows: str, kw: dict) -> nnx.Embed:
+    return nnx.Embed(n, d, embedding_metadata=axes(rows, "embed"), **kw)
+
+
 class BertLayer(nnx.Module):
     def __init__(self, cfg: BertConfig, dtype, rngs: nnx.Rngs):
-        d = cfg.hidden_size
+        d, f = cfg.hidden_size, cfg.intermediate_size
         kw = dict(dtype=dtype, param_dtype=dtype, rngs=rngs)
         self.cfg = cfg
-        self.query = nnx.Linear(d, d, **kw)
-        self.key = nnx.Linear(d, d, **kw)
-        self.value = nnx.Linear(d, d, **kw)
-        self.attn_out = nnx.Linear(d, d, **kw)
-        self.attn_norm = nnx.LayerNorm(d, epsilon=cfg.layer_norm_eps, **kw)
-        self.intermediate = nnx.Linear(d, cfg.intermediate_size, **kw)
-        self.output = nnx.Linear(cfg.intermediate_size, d, **kw)
-        self.output_norm = nnx.LayerNorm(d, epsilon=cfg.layer_norm_eps, **kw)
+        self.fuse_min_tokens = 0
+        self.query = _linear(d, d, ("embed", "heads"), kw)
+        self.key = _linear(d, d, ("embed", "heads"), kw)
+        self.value = _linear(d, d, ("embed", "heads"), kw)
+        self.attn_out = _linear(d, d, ("heads", "embed"), kw)
+        self.attn_norm = _layer_norm(d, cfg.layer_norm_eps, kw)
+        self.intermediate = _linear(d, f, ("embed", "mlp"), kw)
+        self.output = _linear(f, d, ("mlp", "embed"), kw)
+        self.output_norm = _layer_norm(d, cfg.layer_norm_eps, kw)
 
     def __call__(self, x_BLD, mask_BL):
         b, length, d = x_BLD.shape
@@ -108,7 +124,8 @@ class BertLayer(nnx.Module):
             return t_BLD.reshape(b, length, h, d // h).transpose(0, 2, 1, 3)
 
         q_BHLK, k_BHSK, v_BHSK = map(heads, fused_linear(x_BLD, self.query, self.key,
-                                                         self.value))
+                                                         self.value,
+                                                         min_tokens=self.fuse_min_tokens))
         ctx_BHLK = attention(q_BHLK, k_BHSK, v_BHSK, mask_BL[:, None, None, :])
         ctx_BLD = ctx_BHLK.transpose(0, 2, 1, 3).reshape(b, length, d)
         x_BLD = self.attn_norm(x_BLD + linear(ctx_BLD, self.attn_out))
@@ -122,13 +139,14 @@ class BertEncoder(nnx.Module):
     def __init__(self, cfg: BertConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=dtype, rngs=rngs)
         self.cfg = cfg
-        self.word_embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, **kw)
-        self.pos_embed = nnx.Embed(cfg.max_position, cfg.hidden_size, **kw)
-        self.type_embed = nnx.Embed(cfg.type_vocab_size, cfg.hidden_size, **kw)
-        self.embed_norm = nnx.LayerNorm(cfg.hidden_size, epsilon=cfg.layer_norm_eps, **kw)
+        d = cfg.hidden_size
+        self.word_embed = _embed(cfg.vocab_size, d, "vocab", kw)
+        self.pos_embed = _embed(cfg.max_position, d, "positions", kw)
+        self.type_embed = _embed(cfg.type_vocab_size, d, "positions", kw)
+        self.embed_norm = _layer_norm(d, cfg.layer_norm_eps, kw)
         self.layers = nnx.List([BertLayer(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
         if cfg.has_pooler:  # unused by mean pooling; kept so exports are complete BertModels
-            self.pooler = nnx.Linear(cfg.hidden_size, cfg.hidden_size, **kw)
+            self.pooler = _linear(d, d, ("embed", None), kw)
 
     def __call__(self, input_ids_BL, attention_mask_BL, token_type_ids_BL=None, *,
                  remat: bool = False):

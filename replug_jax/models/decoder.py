@@ -1,9 +1,15 @@
-"""A causal decoder parametrised to cover the Llama family and GPT-2, with a KV cache.
+"""A causal decoder parametrised to cover the Llama family, GPT-2 and OPT, with a KV cache.
 
-One module tree, configured by :class:`DecoderConfig`: RMSNorm or LayerNorm, RoPE or learned
-positions, SwiGLU or GELU MLP, grouped-query attention (``num_kv_heads <= num_heads``), tied or
-separate output head. Family-specific config parsing and weight-name maps live in
-``llama.py`` and ``gpt2.py``.
+One module tree, configured by :class:`DecoderConfig`: RMSNorm or LayerNorm before (or, OPT-350m,
+after) each sub-block, RoPE or learned positions (OPT's with an offset), SwiGLU, GELU or ReLU
+MLP, grouped-query attention (``num_kv_heads <= num_heads``), tied or separate output head, an
+optional projection between a narrower embedding and the model width. Family-specific config
+parsing and weight-name maps live in ``llama.py``, ``gpt2.py`` and ``opt.py``.
+
+Every parameter declares its logical axes (:func:`replug_jax.sharding.axes`), which
+``sharding.LOGICAL_RULES`` maps onto a device mesh: the model is sharded by those rules, not by
+code here. Parameters and activations are in the model's dtype; the output head's logits are
+accumulated in float32 and everything after them (log-softmax, mixtures, losses) is float32.
 
 Calling convention (both families)::
 
@@ -24,7 +30,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from replug_jax.models.layers import attention, fused_linear
+from replug_jax.models.layers import attention, flash_attention, flash_supported, fused_linear
+from replug_jax.sharding import axes
 
 # Projections of one input are fused into one matmul from this many tokens per call on
 # (prefill, scoring); decoding steps keep one matmul per weight (see fused_linear).
@@ -43,8 +50,12 @@ class DecoderConfig:
     max_position: int
     norm: Literal["rms", "layer"] = "rms"
     norm_eps: float = 1e-5
-    mlp: Literal["swiglu", "gelu_tanh"] = "swiglu"
+    norm_position: Literal["pre", "post"] = "pre"  # post: OPT-350m (norm after the residual)
+    final_norm: bool = True  # a norm after the last block (OPT-350m has none)
+    mlp: Literal["swiglu", "gelu_tanh", "relu"] = "swiglu"
     position: Literal["rope", "learned"] = "rope"
+    position_offset: int = 0  # learned positions: row of position p is p + offset (OPT: 2)
+    embed_dim: int | None = None  # OPT's word_embed_proj_dim when it differs from the width
     rope_theta: float = 10000.0
     # Llama 3 RoPE frequency scaling: (factor, low_freq_factor, high_freq_factor,
     # original_max_position), or None for plain RoPE.
@@ -68,15 +79,22 @@ class DecoderConfig:
         attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
         mlp = d * f * (3 if self.mlp == "swiglu" else 2)
         per_layer = 2 * (attn + mlp) + 4 * self.num_heads * h * context
-        return self.num_layers * per_layer + 2 * d * self.vocab_size
+        return self.num_layers * per_layer + 2 * (self.embed_dim or d) * self.vocab_size
 
 
 def _norm(cfg: DecoderConfig, dtype, rngs):
+    kw = dict(epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype, rngs=rngs,
+              scale_metadata=axes("norm"))
     if cfg.norm == "rms":
-        return nnx.RMSNorm(cfg.hidden_size, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype,
-                           rngs=rngs)
-    return nnx.LayerNorm(cfg.hidden_size, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=dtype,
-                         rngs=rngs)
+        return nnx.RMSNorm(cfg.hidden_size, **kw)
+    return nnx.LayerNorm(cfg.hidden_size, bias_metadata=axes("norm"), **kw)
+
+
+def _linear(n_in: int, n_out: int, logical: tuple[str, str], bias: bool, dtype, rngs):
+    """A dense layer whose kernel has ``logical`` (input, output) axes; its bias takes the
+    output's."""
+    return nnx.Linear(n_in, n_out, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs,
+                      kernel_metadata=axes(*logical), bias_metadata=axes(logical[1]))
 
 
 def rope_inv_freq(head_dim: int, theta: float, llama3=None):
@@ -114,28 +132,31 @@ def attention_mask(q_pos_BL, k_pos_BS):
 class Attention(nnx.Module):
     def __init__(self, cfg: DecoderConfig, dtype, rngs: nnx.Rngs):
         self.cfg = cfg
-        d, h = cfg.hidden_size, cfg.head_dim
+        self.fuse_min_tokens = _FUSE_MIN_TOKENS
+        d, h, bias = cfg.hidden_size, cfg.head_dim, cfg.attn_bias
+        # Megatron: q/k/v column-parallel (heads on the model axis), o row-parallel.
+        self.q = _linear(d, cfg.num_heads * h, ("embed", "heads"), bias, dtype, rngs)
+        self.k = _linear(d, cfg.num_kv_heads * h, ("embed", "kv_heads"), bias, dtype, rngs)
+        self.v = _linear(d, cfg.num_kv_heads * h, ("embed", "kv_heads"), bias, dtype, rngs)
+        self.o = _linear(cfg.num_heads * h, d, ("heads", "embed"), bias, dtype, rngs)
 
-        def dense(n_in, n_out):
-            return nnx.Linear(n_in, n_out, use_bias=cfg.attn_bias, dtype=dtype, param_dtype=dtype,
-                              rngs=rngs)
-
-        self.q = dense(d, cfg.num_heads * h)
-        self.k = dense(d, cfg.num_kv_heads * h)
-        self.v = dense(d, cfg.num_kv_heads * h)
-        self.o = dense(cfg.num_heads * h, d)
-
-    def __call__(self, x_BLD, q_pos_BL, kv_cache):
+    def __call__(self, x_BLD, q_pos_BL, kv_cache, lengths_B=None):
+        """``lengths_B``: set when there is no cache and each row holds one sequence at
+        positions ``0..length-1`` followed by padding; a GPU then runs cuDNN's fused causal
+        attention (no ``[B, H, L, L]`` logits in memory) where the shapes allow."""
         cfg = self.cfg
         b, length, _ = x_BLD.shape
         q_BLE, k_BLE, v_BLE = fused_linear(x_BLD, self.q, self.k, self.v,
-                                           min_tokens=_FUSE_MIN_TOKENS)
+                                           min_tokens=self.fuse_min_tokens)
         q_BLHD = q_BLE.reshape(b, length, cfg.num_heads, cfg.head_dim)
         k_BLJD = k_BLE.reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
         v_BLJD = v_BLE.reshape(b, length, cfg.num_kv_heads, cfg.head_dim)
         if cfg.position == "rope":
             q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
             k_BLJD = rope(k_BLJD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
+        if kv_cache is None and lengths_B is not None and flash_supported(q_BLHD):
+            out_BLHD = flash_attention(q_BLHD, k_BLJD, v_BLJD, lengths_B, "cudnn")
+            return self.o(out_BLHD.reshape(b, length, -1)), None
         # Head-major layout: every attention matmul is batched over (B, J) with no relayout
         # inside it; the R query heads sharing a KV head are stacked along the rows.
         k_BJLD = k_BLJD.transpose(0, 2, 1, 3)
@@ -165,35 +186,40 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, cfg: DecoderConfig, dtype, rngs: nnx.Rngs):
         self.kind = cfg.mlp
-
-        def dense(n_in, n_out):
-            return nnx.Linear(n_in, n_out, use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=dtype,
-                              rngs=rngs)
-
+        self.fuse_min_tokens = _FUSE_MIN_TOKENS
+        d, f, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
         if cfg.mlp == "swiglu":
-            self.gate = dense(cfg.hidden_size, cfg.intermediate_size)
-        self.up = dense(cfg.hidden_size, cfg.intermediate_size)
-        self.down = dense(cfg.intermediate_size, cfg.hidden_size)
+            self.gate = _linear(d, f, ("embed", "mlp"), bias, dtype, rngs)
+        self.up = _linear(d, f, ("embed", "mlp"), bias, dtype, rngs)
+        self.down = _linear(f, d, ("mlp", "embed"), bias, dtype, rngs)
 
     def __call__(self, x_BLD):
         if self.kind == "swiglu":
             gate_BLF, up_BLF = fused_linear(x_BLD, self.gate, self.up,
-                                            min_tokens=_FUSE_MIN_TOKENS)
+                                            min_tokens=self.fuse_min_tokens)
             return self.down(jax.nn.silu(gate_BLF) * up_BLF)
+        if self.kind == "relu":
+            return self.down(jax.nn.relu(self.up(x_BLD)))
         return self.down(jax.nn.gelu(self.up(x_BLD), approximate=True))
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block (both Llama and GPT-2 are pre-norm)."""
+    """Residual block, pre-norm (Llama, GPT-2, OPT) or post-norm (OPT-350m: each norm
+    after its residual sum)."""
 
     def __init__(self, cfg: DecoderConfig, dtype, rngs: nnx.Rngs):
+        self.post = cfg.norm_position == "post"
         self.attn_norm = _norm(cfg, dtype, rngs)
         self.attn = Attention(cfg, dtype, rngs)
         self.mlp_norm = _norm(cfg, dtype, rngs)
         self.mlp = MLP(cfg, dtype, rngs)
 
-    def __call__(self, x_BLD, pos_BL, kv_cache):
-        attn_out, new_kv = self.attn(self.attn_norm(x_BLD), pos_BL, kv_cache)
+    def __call__(self, x_BLD, pos_BL, kv_cache, lengths_B=None):
+        if self.post:
+            attn_out, new_kv = self.attn(x_BLD, pos_BL, kv_cache, lengths_B)
+            x_BLD = self.attn_norm(x_BLD + attn_out)
+            return self.mlp_norm(x_BLD + self.mlp(x_BLD)), new_kv
+        attn_out, new_kv = self.attn(self.attn_norm(x_BLD), pos_BL, kv_cache, lengths_B)
         x_BLD = x_BLD + attn_out
         return x_BLD + self.mlp(self.mlp_norm(x_BLD)), new_kv
 
@@ -204,27 +230,39 @@ class CausalLM(nnx.Module):
     def __init__(self, cfg: DecoderConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
         self.cfg = cfg
         self.dtype = dtype
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
-                               rngs=rngs)
+        d, e = cfg.hidden_size, cfg.embed_dim or cfg.hidden_size
+        self.embed = nnx.Embed(cfg.vocab_size, e, dtype=dtype, param_dtype=dtype, rngs=rngs,
+                               embedding_metadata=axes("vocab", "embed"))
+        if cfg.embed_dim:
+            self.project_in = _linear(e, d, ("embed", "embed"), False, dtype, rngs)
+            self.project_out = _linear(d, e, ("embed", "embed"), False, dtype, rngs)
         if cfg.position == "learned":
-            self.pos_embed = nnx.Embed(cfg.max_position, cfg.hidden_size, dtype=dtype,
-                                       param_dtype=dtype, rngs=rngs)
+            self.pos_embed = nnx.Embed(cfg.max_position + cfg.position_offset, d, dtype=dtype,
+                                       param_dtype=dtype, rngs=rngs,
+                                       embedding_metadata=axes("positions", "embed"))
         self.layers = nnx.List([Block(cfg, dtype, rngs) for _ in range(cfg.num_layers)])
-        self.final_norm = _norm(cfg, dtype, rngs)
+        if cfg.final_norm:
+            self.final_norm = _norm(cfg, dtype, rngs)
         if not cfg.tie_embeddings:
-            self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
-                                      dtype=dtype, param_dtype=dtype, rngs=rngs)
+            self.lm_head = _linear(e, cfg.vocab_size, ("embed", "vocab"), False, dtype, rngs)
 
-    def __call__(self, tokens_BL, positions_BL, cache=None):
-        x_BLD, cache = self.hidden(tokens_BL, positions_BL, cache)
+    def __call__(self, tokens_BL, positions_BL, cache=None, *, right_padded: bool = False):
+        x_BLD, cache = self.hidden(tokens_BL, positions_BL, cache, right_padded=right_padded)
         return self.project(x_BLD), cache
 
-    def hidden(self, tokens_BL, positions_BL, cache=None):
-        """``(final-norm hidden states [B, L, D], cache)``: the forward pass before the
-        output projection (see :func:`target_logprobs`)."""
+    def hidden(self, tokens_BL, positions_BL, cache=None, *, right_padded: bool = False):
+        """``(final hidden states [B, L, D], cache)``: the forward pass before the output
+        projection (see :func:`target_logprobs`). ``right_padded``: without a cache, the
+        caller promises each row is one sequence at positions ``0..n-1`` then padding (what
+        lets a GPU use fused causal attention)."""
         x_BLD = self.embed(tokens_BL)
+        if self.cfg.embed_dim:
+            x_BLD = self.project_in(x_BLD)
         if self.cfg.position == "learned":
-            x_BLD = x_BLD + self.pos_embed(jnp.maximum(positions_BL, 0))
+            x_BLD = x_BLD + self.pos_embed(jnp.maximum(positions_BL, 0)
+                                           + self.cfg.position_offset)
+        lengths_B = (jnp.sum(positions_BL >= 0, axis=1, dtype=jnp.int32)
+                     if right_padded and cache is None else None)
         if cache is not None:
             new_tokens = tokens_BL.shape[1]
             k_pos_BS = jax.lax.dynamic_update_slice_in_dim(
@@ -234,18 +272,25 @@ class CausalLM(nnx.Module):
             k_all, v_all = cache["k"], cache["v"]
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (k_all, v_all, k_pos_BS, cache["end"], i)
-            x_BLD, new_kv = layer(x_BLD, positions_BL, kv)
+            x_BLD, new_kv = layer(x_BLD, positions_BL, kv, lengths_B)
             if new_kv is not None:
                 k_all, v_all = new_kv
         if cache is not None:
             cache = {"k": k_all, "v": v_all, "pos": k_pos_BS,
                      "end": cache["end"] + new_tokens}
-        return self.final_norm(x_BLD), cache
+        return (self.final_norm(x_BLD) if self.cfg.final_norm else x_BLD), cache
 
     def project(self, x_BLD):
-        """Hidden states → float32 logits ``[..., V]``."""
-        logits = self.embed.attend(x_BLD) if self.cfg.tie_embeddings else self.lm_head(x_BLD)
-        return logits.astype(jnp.float32)
+        """Hidden states → float32 logits ``[..., V]``: the head's matmul accumulates in
+        float32 whatever the parameters' dtype (as MaxText's ``logits_dot_in_fp32``)."""
+        if self.cfg.embed_dim:
+            x_BLD = self.project_out(x_BLD)
+        if self.cfg.tie_embeddings:
+            w_VE = self.embed.embedding[...]
+            return jnp.einsum("...e,ve->...v", x_BLD.astype(w_VE.dtype), w_VE,
+                              preferred_element_type=jnp.float32)
+        w_EV = self.lm_head.kernel[...]
+        return jnp.matmul(x_BLD.astype(w_EV.dtype), w_EV, preferred_element_type=jnp.float32)
 
 
 def target_logprobs(model: CausalLM, x_BLD, targets_BL, rows: int = 1):

@@ -7,11 +7,10 @@ Hugging Face ``GPT2LMHeadModel`` configs and checkpoints onto it. HF's GPT-2 use
 
 from __future__ import annotations
 
-import numpy as np
 from flax import nnx
 
 from replug_jax.models.decoder import CausalLM, DecoderConfig
-from replug_jax.models.weights import unchanged
+from replug_jax.models.weights import column_block, unchanged
 
 __all__ = ["CausalLM", "config_from_hf", "hf_name_map", "hf_tensors", "hf_ignored", "build"]
 
@@ -34,10 +33,6 @@ def config_from_hf(hf: dict, tensor_names: set[str] = frozenset()) -> DecoderCon
         pad_token_id=hf.get("pad_token_id"))
 
 
-def _split(part: int, d: int):
-    return lambda w: np.ascontiguousarray(w[..., part * d:(part + 1) * d])
-
-
 def hf_name_map(cfg: DecoderConfig) -> dict:
     """Our parameter path -> (HF tensor name without the ``transformer.`` prefix, transform)."""
     d = cfg.hidden_size
@@ -52,8 +47,8 @@ def hf_name_map(cfg: DecoderConfig) -> dict:
             m[L + (norm, "scale")] = (p + f"{theirs}.weight", unchanged)
             m[L + (norm, "bias")] = (p + f"{theirs}.bias", unchanged)
         for j, name in enumerate(("q", "k", "v")):
-            m[L + ("attn", name, "kernel")] = (p + "attn.c_attn.weight", _split(j, d))
-            m[L + ("attn", name, "bias")] = (p + "attn.c_attn.bias", _split(j, d))
+            m[L + ("attn", name, "kernel")] = (p + "attn.c_attn.weight", column_block(j, d))
+            m[L + ("attn", name, "bias")] = (p + "attn.c_attn.bias", column_block(j, d))
         m[L + ("attn", "o", "kernel")] = (p + "attn.c_proj.weight", unchanged)
         m[L + ("attn", "o", "bias")] = (p + "attn.c_proj.bias", unchanged)
         m[L + ("mlp", "up", "kernel")] = (p + "mlp.c_fc.weight", unchanged)

@@ -73,6 +73,15 @@ def fused_linear(x_BLD, *linears: nnx.Linear, min_tokens: int = 0):
     return jnp.split(y_BLE, list(itertools.accumulate(sizes[:-1])), axis=-1)
 
 
+def disable_fusion(module: nnx.Module) -> None:
+    """Compute every projection on its own in ``module`` (set before ``nnx.split``): on a
+    model sharded over a ``model`` axis, concatenating column-sharded kernels would make XLA
+    gather and re-shard them at every call."""
+    for _, sub in nnx.iter_graph(module):
+        if isinstance(sub, nnx.Module) and hasattr(sub, "fuse_min_tokens"):
+            sub.fuse_min_tokens = 1 << 62
+
+
 def linear(x_BLD, layer: nnx.Linear):
     """``layer(x_BLD)`` through :func:`dense` (its serialised backward)."""
     return fused_linear(x_BLD, layer)[0]
@@ -83,6 +92,28 @@ MASKED = -1e30  # the logit of a masked key: exp(MASKED - max) underflows to exa
 # that stay in cache ran attention 2x faster than one [B, H, M, S] pass through memory
 # (benches/README.md); 4 MiB holds four MiniLM sequences of 128 tokens.
 _CPU_BLOCK_BYTES = 4 << 20
+# On an accelerator, where attention is not one fused kernel (TPU, float32 on a GPU, a KV
+# cache), query rows are taken in chunks whose [B, H, chunk, S] float32 logits stay under
+# this: a 4096-token context never builds all of its [B, H, 4096, 4096] logits at once.
+_ACCEL_BLOCK_BYTES = 256 << 20
+
+
+def flash_supported(q_BLHD) -> bool:
+    """Whether cuDNN's fused attention takes these queries: a GPU, 16-bit floats, a head
+    width that is a multiple of 8 up to 128 (static: decided at trace time)."""
+    return (jax.default_backend() == "gpu" and q_BLHD.dtype in (jnp.bfloat16, jnp.float16)
+            and q_BLHD.shape[-1] % 8 == 0 and q_BLHD.shape[-1] <= 128)
+
+
+def flash_attention(q_BLHD, k_BLJD, v_BLJD, lengths_B, implementation: str = "cudnn"):
+    """Causal attention over right-padded rows (row b holds ``lengths_B[b]`` tokens at
+    positions ``0..n-1``) with grouped KV heads, through ``jax.nn.dot_product_attention``:
+    ``"cudnn"`` is the fused flash kernel (GPU, 16-bit), ``"xla"`` the reference it is
+    checked against. Padded query rows are ignored by callers."""
+    return jax.nn.dot_product_attention(q_BLHD, k_BLJD, v_BLJD, is_causal=True,
+                                        query_seq_lengths=lengths_B,
+                                        key_value_seq_lengths=lengths_B,
+                                        implementation=implementation)
 
 
 def attention(q_BHMD, k_BHSD, v_BHSD, mask_BXMS):
@@ -96,12 +127,34 @@ def attention(q_BHMD, k_BHSD, v_BHSD, mask_BXMS):
     FlashAttention does, instead of saving them); elsewhere in one pass that XLA fuses.
     """
     if jax.default_backend() != "cpu":
-        return _attention_block(q_BHMD, k_BHSD, v_BHSD, mask_BXMS)[0]
+        return _query_chunked(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, _ACCEL_BLOCK_BYTES)
     b, h, m, _ = q_BHMD.shape
     per_row = h * m * k_BHSD.shape[2] * 4
     fits = [n for n in range(2, b + 1) if b % n == 0 and n * per_row <= _CPU_BLOCK_BYTES]
     rows = max(fits, default=1)
     return _blocked_attention(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, rows)
+
+
+def _query_chunked(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, max_bytes: int):
+    """Attention with the query rows in the fewest chunks whose float32 logits fit
+    ``max_bytes`` (one pass, which XLA fuses, when they all fit). Exact: rows are
+    independent."""
+    b, h, m, _ = q_BHMD.shape
+    per_row = b * h * k_BHSD.shape[2] * 4
+    if m * per_row <= max_bytes:
+        return _attention_block(q_BHMD, k_BHSD, v_BHSD, mask_BXMS)[0]
+    chunk = max([c for c in range(1, m + 1) if m % c == 0 and c * per_row <= max_bytes],
+                default=1)
+    mask_BXMS = jnp.broadcast_to(mask_BXMS, (mask_BXMS.shape[0], mask_BXMS.shape[1], m,
+                                             mask_BXMS.shape[3]))
+
+    def split(x):  # [B, X, M, ...] -> [M / chunk, B, X, chunk, ...]
+        return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1], m // chunk, chunk,
+                                      *x.shape[3:]), 2, 0)
+
+    out_NBHCD = jax.lax.map(lambda a: _attention_block(a[0], k_BHSD, v_BHSD, a[1])[0],
+                            (split(q_BHMD), split(mask_BXMS)))
+    return jnp.moveaxis(out_NBHCD, 0, 2).reshape(q_BHMD.shape)
 
 
 def _logits(q_BHMD, k_BHSD, mask_BXMS):

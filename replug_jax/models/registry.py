@@ -3,7 +3,7 @@ and the defaults. Imports nothing heavy, so the command line can name the defaul
 loading JAX.
 
 An architecture module (:mod:`~replug_jax.models.bert`, :mod:`~replug_jax.models.llama`,
-:mod:`~replug_jax.models.gpt2`) has one small interface:
+:mod:`~replug_jax.models.gpt2`, :mod:`~replug_jax.models.opt`) has one small interface:
 
 - ``config_from_hf(hf: dict, tensor_names: set) -> config``
 - ``hf_tensors(tensors: dict) -> dict``: the checkpoint's tensor names as its map expects them
@@ -35,7 +35,8 @@ PACKAGED_ALIASES = {"minilm": "minilm", "all-minilm-l6-v2": "minilm",
 # role -> {HF config model_type: architecture module}; GGUF general.architecture for LMs.
 HF_ARCHITECTURES = {
     "retriever": {"bert": "bert"},
-    "lm": {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"},
+    "lm": {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2",
+           "opt": "opt"},
 }
 GGUF_ARCHITECTURES = {"lm": {"llama": "llama"}}
 

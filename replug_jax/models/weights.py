@@ -8,6 +8,14 @@ Every load goes through an explicit name map (our parameter path -> source tenso
 transform). A missing, unexpected or wrong-shape tensor raises :class:`WeightsError` naming it.
 PyTorch ``.bin`` checkpoints are read only with ``torch.load(weights_only=True)`` (no arbitrary
 unpickling), and only when torch is installed.
+
+**Sharded loading.** Given a mesh, every parameter is created with
+``jax.make_array_from_callback`` under the sharding the rules table gives it
+(:func:`replug_jax.sharding.param_shardings`), and safetensors are opened lazily
+(``safe_open(...).get_slice``): each process reads only the slices of each tensor that its own
+devices hold, through the transform's :meth:`Transform.source_index` (a transposed kernel's
+column block is a row block of the file's tensor). Host memory holds one slice at a time, never
+the checkpoint.
 """
 
 from __future__ import annotations
@@ -21,17 +29,21 @@ import pathlib
 import re
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from replug_jax.fileio import atomic_path
 from replug_jax.models import registry
+from replug_jax.models.layers import disable_fusion
 from replug_jax.models.registry import PACKAGED, PACKAGED_ALIASES, WeightsError
+from replug_jax.sharding import MODEL, check_heads, mesh_size, param_shardings
 
 __all__ = ["WeightsError", "ResolvedSource", "Loaded", "resolve", "packaged_path",
            "load_model", "load_into", "read_config", "read_hf_tensors", "read_gguf",
-           "fingerprint", "weight_files", "save_safetensors_atomic", "transposed", "unchanged"]
+           "fingerprint", "weight_files", "save_safetensors_atomic", "Transform", "transposed",
+    "unchanged", "column_block", "LazyTensor"]
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedSource:
@@ -58,12 +70,29 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
+def _weight_pattern(repo_id: str) -> str:
+    """``*.safetensors`` when the repo has any (most do, beside a ``.bin`` copy of the same
+    weights), else ``*.bin``; offline, whichever the local cache holds."""
+    from huggingface_hub import list_repo_files, snapshot_download
+
+    if _hub_offline():
+        try:
+            local = pathlib.Path(snapshot_download(repo_id, allow_patterns=["*.safetensors*"],
+                                                   local_files_only=True))
+            return "*.safetensors" if any(local.glob("*.safetensors")) else "*.bin"
+        except Exception:  # not cached: the caller's download reports it
+            return "*.safetensors"
+    files = list_repo_files(repo_id)
+    return "*.safetensors" if any(f.endswith(".safetensors") for f in files) else "*.bin"
+
+
 def download_from_hub(repo_id: str) -> pathlib.Path:
-    """Snapshot a hub repo's config, tokenizer and weight files (fails fast when offline)."""
+    """Snapshot a hub repo's config, tokenizer and weights, safetensors only when it has
+    them (fails fast when offline)."""
     from huggingface_hub import snapshot_download
 
-    patterns = ["*.json", "*.txt", "*.model", "*.safetensors", "*.bin"]
     try:
+        patterns = ["*.json", "*.txt", "*.model", _weight_pattern(repo_id)]
         return pathlib.Path(snapshot_download(repo_id, allow_patterns=patterns,
                                               local_files_only=_hub_offline()))
     except Exception as err:  # the hub client raises many types; all mean "not available"
@@ -103,11 +132,48 @@ def read_config(directory: pathlib.Path) -> dict:
         raise WeightsError(f"{path}: not valid JSON ({err})") from err
 
 
-def read_hf_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
-    """All tensors of an HF folder: ``model.safetensors``, a sharded index, or a torch ``.bin``."""
+class LazyTensor:
+    """One tensor of a safetensors file, read on demand: whole (``t()``) or a block
+    (``t[slices]``, through ``safe_open(...).get_slice``: only that block is read)."""
+
+    def __init__(self, path: pathlib.Path, name: str, shape: tuple[int, ...]):
+        self.path, self.name, self.shape = path, name, shape
+
+    def __getitem__(self, index) -> np.ndarray:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.path), framework="numpy") as f:
+                return np.asarray(f.get_slice(self.name)[index])
+        except Exception as err:
+            raise WeightsError(f"{self.path}: cannot read tensor {self.name!r}, the file is "
+                               f"truncated or corrupt ({err})") from err
+
+    def __call__(self) -> np.ndarray:
+        return self[tuple(slice(None) for _ in self.shape)]
+
+
+def _lazy_safetensors(path: pathlib.Path) -> dict[str, LazyTensor]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return {name: LazyTensor(path, name, tuple(f.get_slice(name).get_shape()))
+                    for name in f.keys()}
+    except Exception as err:  # SafetensorError, OSError, ...
+        raise WeightsError(f"{path}: cannot read safetensors file, it is truncated or "
+                           f"corrupt ({err})") from err
+
+
+def read_hf_tensors(directory: pathlib.Path, *, lazy: bool = False) -> dict:
+    """All tensors of an HF folder: ``model.safetensors``, a sharded index, or a torch ``.bin``
+    — as arrays, or with ``lazy=True`` safetensors as :class:`LazyTensor` s (nothing read
+    until a slice is asked for)."""
     from safetensors.numpy import load_file
 
-    def load_st(path: pathlib.Path) -> dict[str, np.ndarray]:
+    def load_st(path: pathlib.Path) -> dict:
+        if lazy:
+            return _lazy_safetensors(path)
         try:
             return load_file(str(path))
         except Exception as err:  # SafetensorError, OSError, ...
@@ -179,10 +245,12 @@ def abstract_model(factory: Callable[[nnx.Rngs], nnx.Module]):
 
 
 def load_into(factory, name_map: dict, tensors: dict, *, file: str, dtype=jnp.float32,
-              ignore: Callable[[str], bool] = lambda name: False):
+              ignore: Callable[[str], bool] = lambda name: False, mesh=None):
     """Build a module from ``tensors`` through ``name_map``; every mismatch raises, by name.
 
-    ``tensors`` maps source names to arrays or to zero-argument callables (lazy GGUF tensors).
+    ``tensors`` maps source names to arrays, to zero-argument callables (lazy GGUF tensors) or
+    to :class:`LazyTensor` s. With a ``mesh``, each parameter is placed by the sharding rules
+    and each process reads only its devices' slices of a lazy tensor.
     """
     graphdef, flat = abstract_model(factory)
     ours = {path for path, _ in flat}
@@ -198,20 +266,60 @@ def load_into(factory, name_map: dict, tensors: dict, *, file: str, dtype=jnp.fl
     if unexpected:
         raise WeightsError(f"{file}: unexpected tensor(s) {unexpected[:8]} (wrong architecture "
                            "or config?)")
-    cache: dict[str, np.ndarray] = {}
+    shardings = None if mesh is None else param_shardings(flat, mesh)
+    whole: dict[str, np.ndarray] = {}  # source tensors read whole (one at a time when sharded)
     new_flat = []
     for path, var in flat:
         src, transform = name_map[path]
-        if src not in cache:
-            raw = tensors[src]
-            cache[src] = np.asarray(raw() if callable(raw) else raw)
-        arr = transform(cache[src])
-        if tuple(arr.shape) != tuple(var.shape):
-            raise WeightsError(f"{file}: tensor {src!r} has shape {tuple(cache[src].shape)}, "
-                               f"which does not fit {'.'.join(map(str, path))} of shape "
+        raw = tensors[src]
+        shape = _transformed_shape(raw, transform, whole, src)
+        if tuple(shape) != tuple(var.shape):
+            raise WeightsError(f"{file}: tensor {src!r} has shape {tuple(_shape(raw, whole, src))}"
+                               f", which does not fit {'.'.join(map(str, path))} of shape "
                                f"{tuple(var.shape)}")
-        new_flat.append((path, var.replace(jnp.asarray(arr, dtype=dtype))))
+        if shardings is None:
+            arr = jnp.asarray(transform(_read_whole(raw, whole, src)), dtype=dtype)
+        else:
+            arr = _sharded(raw, transform, tuple(var.shape), shardings[path], dtype, whole, src)
+        new_flat.append((path, var.replace(arr)))
     return nnx.merge(graphdef, nnx.from_flat_state(new_flat))
+
+
+def _read_whole(raw, whole: dict, src: str) -> np.ndarray:
+    if isinstance(raw, LazyTensor):  # read for one parameter, not kept
+        return raw()
+    if src not in whole:
+        whole[src] = np.asarray(raw() if callable(raw) else raw)
+    return whole[src]
+
+
+def _shape(raw, whole, src) -> tuple[int, ...]:
+    if isinstance(raw, LazyTensor):
+        return raw.shape
+    return _read_whole(raw, whole, src).shape
+
+
+def _transformed_shape(raw, transform, whole, src) -> tuple[int, ...]:
+    if isinstance(raw, LazyTensor) and isinstance(transform, Transform):
+        return transform.shape(raw.shape)
+    return transform(_read_whole(raw, whole, src)).shape
+
+
+def _sharded(raw, transform, shape, sharding, dtype, whole, src) -> jax.Array:
+    """A parameter created under ``sharding``; the callback runs once per local device with
+    that device's index and reads only that block (a lazy safetensors tensor with a slicing
+    transform) or cuts it from the transformed tensor."""
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    if isinstance(raw, LazyTensor) and isinstance(transform, Transform):
+        def block(index):
+            index = tuple(slice(None) if i is None else i for i in index)
+            return transform(raw[transform.source_index(index, shape)]).astype(np_dtype)
+    else:
+        full = transform(_read_whole(raw, whole, src))
+
+        def block(index):
+            return np.asarray(full[index]).astype(np_dtype)
+    return jax.make_array_from_callback(shape, sharding, block)
 
 
 def fingerprint(paths: list[pathlib.Path]) -> str:
@@ -247,13 +355,68 @@ def save_safetensors_atomic(tensors: dict[str, np.ndarray], path: pathlib.Path,
                   metadata=metadata)
 
 
-def transposed(w: np.ndarray) -> np.ndarray:
+class Transform:
+    """A checkpoint tensor -> parameter map that also says which block of the source a block
+    of the parameter comes from, so a sharded load reads only that block."""
+
+    def __call__(self, w: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def shape(self, source_shape: tuple[int, ...]) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def source_index(self, index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple:
+        """The source block holding the parameter's block ``index`` (of a parameter of
+        ``shape``)."""
+        raise NotImplementedError
+
+
+class _Unchanged(Transform):
+    def __call__(self, w):
+        return w
+
+    def shape(self, source_shape):
+        return tuple(source_shape)
+
+    def source_index(self, index, shape):
+        return index
+
+
+class _Transposed(Transform):
     """PyTorch ``Linear`` ``[out, in]`` <-> our ``[in, out]`` kernels (its own inverse)."""
-    return np.ascontiguousarray(w.T)
+
+    def __call__(self, w):
+        return np.ascontiguousarray(w.T)
+
+    def shape(self, source_shape):
+        return tuple(reversed(source_shape))
+
+    def source_index(self, index, shape):
+        return tuple(reversed(index))
 
 
-def unchanged(w: np.ndarray) -> np.ndarray:
-    return w
+class column_block(Transform):
+    """Columns ``[part·width, (part+1)·width)`` of the last axis (GPT-2's fused ``c_attn``
+    split into q, k, v)."""
+
+    def __init__(self, part: int, width: int):
+        self.part, self.width = part, width
+
+    def __call__(self, w):
+        return np.ascontiguousarray(w[..., self.part * self.width:(self.part + 1) * self.width])
+
+    def shape(self, source_shape):
+        return (*source_shape[:-1], self.width)
+
+    def source_index(self, index, shape):
+        last = index[-1]
+        start, stop, _ = last.indices(shape[-1])
+        offset = self.part * self.width
+        return (*index[:-1], slice(offset + start, offset + stop))
+
+
+unchanged = _Unchanged()
+transposed = _Transposed()
 
 
 @dataclasses.dataclass
@@ -267,10 +430,11 @@ class Loaded:
     gguf_meta: dict | None = None  # a GGUF file's metadata (its tokenizer lives there)
 
 
-def load_model(source: str | os.PathLike, role: str, *, dtype=jnp.float32) -> Loaded:
+def load_model(source: str | os.PathLike, role: str, *, dtype=jnp.float32, mesh=None) -> Loaded:
     """Build the ``role`` (``"retriever"`` or ``"lm"``) module a checkpoint holds: resolve
     ``source``, read its config and tensors, pick the architecture module from the registry,
-    and load every tensor through the architecture's name map."""
+    and load every tensor through the architecture's name map — sharded over ``mesh`` by the
+    rules table when one is given (each process reading only its devices' slices)."""
     resolved = resolve(source)
     meta = None
     if resolved.kind == "gguf":
@@ -284,10 +448,18 @@ def load_model(source: str | os.PathLike, role: str, *, dtype=jnp.float32) -> Lo
         hf = read_config(resolved.path)
         arch = registry.architecture(role, hf.get("model_type"),
                                      where=str(resolved.path / "config.json"))
-        tensors = arch.hf_tensors(read_hf_tensors(resolved.path))
+        tensors = arch.hf_tensors(read_hf_tensors(resolved.path, lazy=True))
         config = arch.config_from_hf(hf, set(tensors))
         name_map = arch.hf_name_map(config)
         ignored = lambda name: arch.hf_ignored(name, config)  # noqa: E731
-    module = load_into(lambda rngs: arch.build(config, dtype, rngs), name_map, tensors,
-                       file=str(resolved.path), dtype=dtype, ignore=ignored)
+    check_heads(config.num_heads, mesh, str(resolved.path))
+
+    def factory(rngs):
+        module = arch.build(config, dtype, rngs)
+        if mesh_size(mesh, MODEL) > 1:
+            disable_fusion(module)
+        return module
+
+    module = load_into(factory, name_map, tensors, file=str(resolved.path), dtype=dtype,
+                       ignore=ignored, mesh=mesh)
     return Loaded(module, config, resolved, fingerprint(weight_files(resolved)), meta)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import hashlib
 import importlib
 import inspect
+import io
 import json
 import pathlib
 import re
@@ -56,8 +58,8 @@ def iter_documents(path: str | pathlib.Path) -> Iterator[Document]:
     """Stream documents from ``.jsonl`` (``{"id","text","title"?}``), ``.parquet`` (columns
     ``text`` and optionally ``id``, ``title``), ``.tsv`` (DPR's ``psgs_w100.tsv``: a header
     naming ``id``, ``text`` and optionally ``title``, fields quoted as by ``csv``) or plain text
-    (one document per line). One record batch or line at a time: memory does not grow with the
-    file.
+    (one document per line). ``.jsonl.gz``, ``.tsv.gz`` and ``.txt.gz`` are read through gzip
+    as they stream. One record batch or line at a time: memory does not grow with the file.
 
     Records with empty text are skipped with a warning at the end, and so is a corpus that
     gives two documents the same id (a warning); a line that is not UTF-8,
@@ -100,9 +102,31 @@ class _IdTally:
                           "by document id: make the ids unique", stacklevel=3)
 
 
+def _kind(path: pathlib.Path) -> tuple[str, bool]:
+    """The format suffix (``.jsonl``, ``.tsv``, ...) and whether the file is gzipped."""
+    if path.suffix == ".gz":
+        return pathlib.Path(path.stem).suffix, True
+    return path.suffix, False
+
+
+def _open_binary(path: pathlib.Path):
+    return gzip.open(path, "rb") if _kind(path)[1] else open(path, "rb")
+
+
+def _lines(path: pathlib.Path, f) -> Iterator[bytes]:
+    """The file's lines; a damaged or truncated gzip stream is a :class:`CorpusError`."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, start=1):
+            yield line
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise CorpusError(f"{path}:{lineno + 1}: unreadable compressed stream ({err})") from err
+
+
 def _iter_documents(path: pathlib.Path) -> Iterator[Document]:
     skipped = 0
-    if path.suffix == ".parquet":
+    suffix, _ = _kind(path)
+    if suffix == ".parquet":
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(path)
@@ -119,18 +143,18 @@ def _iter_documents(path: pathlib.Path) -> Iterator[Document]:
                     yield Document(str(doc_id), str(text), str((cols.get("title") or
                                                                 [""] * (j + 1))[j] or ""))
             row += batch.num_rows
-    elif path.suffix == ".tsv":
+    elif suffix == ".tsv":
         yield from _iter_tsv(path)
     else:
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, start=1):
+        with _open_binary(path) as f:
+            for lineno, line in enumerate(_lines(path, f), start=1):
                 try:
                     text = line.decode("utf-8").rstrip("\r\n")
                 except UnicodeDecodeError as err:
                     raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({err})") from err
                 if not text.strip():
                     continue
-                if path.suffix == ".jsonl":
+                if suffix == ".jsonl":
                     try:
                         rec = json.loads(text)
                     except json.JSONDecodeError as err:
@@ -155,7 +179,7 @@ def _iter_documents(path: pathlib.Path) -> Iterator[Document]:
 def _iter_tsv(path: pathlib.Path) -> Iterator[Document]:
     """DPR TSV: ``id<TAB>text<TAB>title`` (or ``id<TAB>text``) under a header line."""
     csv.field_size_limit(1 << 30)
-    with open(path, encoding="utf-8", newline="") as f:
+    with io.TextIOWrapper(_open_binary(path), encoding="utf-8", newline="") as f:
         rows = csv.reader(f, delimiter="\t")
 
         def next_row(what: str) -> list[str] | None:
