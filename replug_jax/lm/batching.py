@@ -69,12 +69,16 @@ def rows_for(length: int, tokens_per_batch: int, max_rows: int | None = None,
     return floor_pow2(rows)
 
 
-def batch_rows(n: int, rows: int) -> list[tuple[int, int]]:
+def batch_rows(n: int, rows: int, multiple: int = 1) -> list[tuple[int, int]]:
     """``(count, padded_rows)`` of each batch when ``n`` items go ``rows`` at a time: full
-    batches, then a short last one padded to a power of two."""
+    batches, then a short last one padded to a power of two. Every padded row count is a
+    multiple of ``multiple`` (the devices a batch is split over on a mesh): ``rows`` is raised
+    to the next one if it is not."""
+    rows = -(-rows // multiple) * multiple
     out = [(rows, rows)] * (n // rows)
     if n % rows:
-        out.append((n % rows, min(rows, 1 << (n % rows - 1).bit_length())))
+        short = min(rows, 1 << (n % rows - 1).bit_length())
+        out.append((n % rows, -(-short // multiple) * multiple))
     return out
 
 

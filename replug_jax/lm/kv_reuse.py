@@ -31,8 +31,9 @@ def kv_bytes_per_token(cfg, dtype) -> int:
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
 
 
-def compile_fns(graphdef, cfg, dtype) -> tuple[Callable, Callable]:
-    """``(prefix_fn, suffix_fn)``, jitted.
+def compile_fns(graphdef, cfg, place) -> tuple[Callable, Callable]:
+    """``(prefix_fn, suffix_fn)``, jitted under ``place`` (an ``lm.placement.Placement``:
+    the dtype, the matmul precision, the caches' sharding).
 
     ``prefix_fn(state, tokens_PL, positions_PL) -> (k, v, pos)``: the cache of ``P`` prefixes
     (``[layers, P, J, L, D]`` keys and values, ``[P, L]`` positions, -1 on padding); XLA drops
@@ -40,14 +41,14 @@ def compile_fns(graphdef, cfg, dtype) -> tuple[Callable, Callable]:
     ``suffix_fn(state, k, v, pos, tokens_BS, positions_BS, targets_BS) -> [B, S]`` log-probs
     of ``targets`` after each row's prefix cache and its own tokens."""
 
-    @jax.jit
     def prefix_fn(state, tokens_PL, positions_PL):
         model = nnx.merge(graphdef, state)
         p, length = tokens_PL.shape
-        _, cache = model.hidden(tokens_PL, positions_PL, init_cache(cfg, p, length, dtype))
+        empty = place.constrain_cache(init_cache(cfg, p, length, place.dtype))
+        _, cache = model.hidden(tokens_PL, positions_PL, empty)
+        cache = place.constrain_cache(cache)
         return cache["k"], cache["v"], cache["pos"]
 
-    @jax.jit
     def suffix_fn(state, k_pre, v_pre, pos_pre, tokens_BS, positions_BS, targets_BS):
         model = nnx.merge(graphdef, state)
         b, s = tokens_BS.shape
@@ -56,10 +57,10 @@ def compile_fns(graphdef, cfg, dtype) -> tuple[Callable, Callable]:
                  "v": jnp.concatenate([v_pre, pad], axis=3),
                  "pos": jnp.concatenate([pos_pre, jnp.full((b, s), -1, pos_pre.dtype)], 1),
                  "end": jnp.int32(k_pre.shape[3])}
-        x_BSD, _ = model.hidden(tokens_BS, positions_BS, cache)
-        return target_logprobs(model, x_BSD, targets_BS)
+        x_BSD, _ = model.hidden(tokens_BS, positions_BS, place.constrain_cache(cache))
+        return place.replicated(target_logprobs(model, x_BSD, targets_BS))
 
-    return prefix_fn, suffix_fn
+    return jax.jit(place.traced(prefix_fn)), jax.jit(place.traced(suffix_fn))
 
 
 class PrefixKV:
@@ -129,7 +130,7 @@ def score_grouped(lm, state, seqs: Sequence[Sequence[int]], prompt_lens: Sequenc
     every member of ``groups``, each group's prefix computed once (or taken from
     ``lm.prefix_cache``). ``lm`` is the :class:`~replug_jax.lm.flax_scorer.FlaxLM`;
     ``tally(real, padded)`` counts the tokens of every batch."""
-    per_token = kv_bytes_per_token(lm.lm.config, lm.lm.model.dtype)
+    per_token = kv_bytes_per_token(lm.lm.config, lm.place.dtype)
     by_bucket: dict[int, list[PrefixGroup]] = collections.defaultdict(list)
     for g in groups:
         by_bucket[bucket(g.length, lm.buckets)].append(g)
@@ -151,11 +152,11 @@ def _prefix_caches(lm, state, seqs, chunk: Sequence[PrefixGroup], lp: int, tally
     todo = [i for i, e in enumerate(entries) if e is None]
     rows = rows_for(lp, lm.tokens_per_batch, lm.batch_size)
     start = 0
-    for count, padded in batch_rows(len(todo), rows):
+    for count, padded in batch_rows(len(todo), rows, lm.place.row_multiple):
         idx = todo[start:start + count]
         start += count
         tokens, positions = lm._pack([keys[i] for i in idx], lp, padded)
-        k, v, pos = lm._prefix_fn(state, tokens, positions)
+        k, v, pos = lm._prefix_fn(state, lm.place.rows(tokens), lm.place.rows(positions))
         tally(sum(len(keys[i]) for i in idx), padded * lp)
         for j, i in enumerate(idx):
             entries[i] = (k[:, j], v[:, j], pos[j])
@@ -177,12 +178,11 @@ def _score_chunk(lm, state, seqs, prompt_lens, chunk, lp, per_token, out, tally)
         rows = rows_for(ls, lm.tokens_per_batch, lm.batch_size, per_token * (lp + ls),
                         lm.reuse_bytes)
         start = 0
-        for count, padded in batch_rows(len(rows_in), rows):
+        for count, padded in batch_rows(len(rows_in), rows, lm.place.row_multiple):
             batch = rows_in[start:start + count]
             start += count
             take = np.zeros(padded, np.int32)
             take[:count] = [gi for gi, _ in batch]
-            take = jnp.asarray(take)
             suffixes = [list(seqs[i][shared[i]:]) for _, i in batch]
             tokens = np.full((padded, ls), lm.pad_id, np.int32)
             positions = np.full((padded, ls), -1, np.int32)
@@ -192,8 +192,10 @@ def _score_chunk(lm, state, seqs, prompt_lens, chunk, lp, per_token, out, tally)
                 tokens[j, :len(suf)] = suf
                 positions[j, :len(suf)] = shared[i] + np.arange(len(suf))
                 targets[j, :len(suf) - 1] = suf[1:]
+            rows_ = lm.place.rows
             logp = np.asarray(lm._suffix_fn(state, k_all[:, take], v_all[:, take],
-                                            pos_all[take], tokens, positions, targets))
+                                            pos_all[take], rows_(tokens), rows_(positions),
+                                            rows_(targets)))
             tally(sum(map(len, suffixes)), padded * ls)
             for j, (_, i) in enumerate(batch):
                 first = prompt_lens[i] - 1 - shared[i]  # predicts the first scored token

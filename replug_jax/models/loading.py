@@ -33,10 +33,16 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 
 
 def _dtype(name: str):
+    """A dtype by name; ``"auto"`` is bfloat16 on GPUs and TPUs, float32 on a CPU."""
+    if name == "auto":
+        import jax
+
+        name = "float32" if jax.default_backend() == "cpu" else "bfloat16"
     try:
         return _DTYPES[name]
     except KeyError:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}") from None
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got "
+                         f"{name!r}") from None
 
 
 @dataclasses.dataclass
@@ -182,9 +188,11 @@ def load_tokenizer(source: str):
     return _hf_tokenizer(resolved.path)
 
 
-def load_lm(source: str = DEFAULT_LM, *, dtype: str = "float32") -> LanguageModel:
-    """Load a frozen causal LM (Llama family or GPT-2) with its tokenizer."""
-    loaded = load_model(source, "lm", dtype=_dtype(dtype))
+def load_lm(source: str = DEFAULT_LM, *, dtype: str = "auto", mesh=None) -> LanguageModel:
+    """Load a frozen causal LM (Llama family, GPT-2, OPT) with its tokenizer, in ``dtype``
+    (``"auto"``: bfloat16 on GPUs and TPUs, float32 on a CPU), sharded over ``mesh`` when
+    given (each process reads only its devices' slices of the weights)."""
+    loaded = load_model(source, "lm", dtype=_dtype(dtype), mesh=mesh)
     path = loaded.resolved.path
     tokenizer = (gguf_tokenizer(path, loaded.gguf_meta) if loaded.gguf_meta is not None
                  else _hf_tokenizer(path))

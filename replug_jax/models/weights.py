@@ -313,7 +313,7 @@ def _sharded(raw, transform, shape, sharding, dtype, whole, src) -> jax.Array:
     if isinstance(raw, LazyTensor) and isinstance(transform, Transform):
         def block(index):
             index = tuple(slice(None) if i is None else i for i in index)
-            return transform(raw[transform.source_index(index, shape)]).astype(np_dtype)
+            return transform.block(raw[transform.source_index(index, shape)]).astype(np_dtype)
     else:
         full = transform(_read_whole(raw, whole, src))
 
@@ -370,6 +370,10 @@ class Transform:
         ``shape``)."""
         raise NotImplementedError
 
+    def block(self, source_block: np.ndarray) -> np.ndarray:
+        """The parameter's block from the source block :meth:`source_index` names."""
+        return self(source_block)
+
 
 class _Unchanged(Transform):
     def __call__(self, w):
@@ -413,6 +417,9 @@ class column_block(Transform):
         start, stop, _ = last.indices(shape[-1])
         offset = self.part * self.width
         return (*index[:-1], slice(offset + start, offset + stop))
+
+    def block(self, source_block):
+        return source_block  # source_index already took the columns
 
 
 unchanged = _Unchanged()
