@@ -64,6 +64,15 @@ def test_index_build_search_and_score(tmp_path, capsys):
     assert main(["score", "--baseline", "none", "--input", str(inp), "--json"]) == 0
     none = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
     assert none["loglik"] < summary["loglik"]
+    # The same scores with the LM sharded over 8 devices (SmolLM2's 576-wide layers split by
+    # fsdp, the batch by data); a model axis that does not divide its 9 heads is refused.
+    assert main(["score", "--index", str(index), "--input", str(inp), "-k", "2", "--json",
+                 "--mesh", "data=4,fsdp=2", "--dtype", "float32"]) == 0
+    sharded = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+    assert sharded["loglik"] == pytest.approx(summary["loglik"], abs=1e-4)
+    assert main(["score", "--baseline", "none", "--input", str(inp), "--mesh", "model=8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("model sizes that work are 1, 3, 9") and len(err.splitlines()) == 1
 
 
 def test_clear_errors(tmp_path, capsys):

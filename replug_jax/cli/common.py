@@ -89,12 +89,40 @@ def command(parent, name: str, func, *, help: str, description: str | None = Non
     return p
 
 
+def mesh_shape(text: str) -> dict:
+    """``data=2,model=4`` as an argparse type."""
+    from replug_jax.sharding import parse_mesh
+
+    try:
+        return parse_mesh(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_flax_lm_args(p: argparse.ArgumentParser) -> None:
     """How an in-process Flax LM is loaded (``score``, ``generate``, ``ask``, ``serve``)."""
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="LM parameter dtype (bfloat16 for GPU/TPU)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="LM parameter and activation dtype; auto: bfloat16 on GPUs and TPUs, "
+                        "float32 on a CPU (where bfloat16 is slower). Logits, log-softmax and "
+                        "the mixture are float32 either way")
+    p.add_argument("--mesh", type=mesh_shape, default=None, metavar="AXIS=SIZE,...",
+                   help="shard the LM over a device mesh, e.g. model=8 (tensor parallel over "
+                        "8 GPUs), data=2,model=4, or fsdp=2,model=4; axes data, fsdp, model "
+                        "whose sizes multiply to the device count (every process's, in a "
+                        "multi-host run). Default: one device")
     p.add_argument("--max-context", type=positive_int, default=2048,
                    help="LM context budget in tokens; documents are cut to fit")
+
+
+def load_flax_lm(args):
+    """The Flax LM ``--lm``/``--dtype``/``--mesh``/``--max-context`` describe (several
+    processes join first when launched as such)."""
+    from replug_jax.lm.flax_scorer import FlaxLM
+    from replug_jax.sharding import initialize_distributed, make_mesh
+
+    initialize_distributed()
+    mesh = make_mesh(shape=args.mesh) if args.mesh else None
+    return FlaxLM.load(args.lm, dtype=args.dtype, mesh=mesh, max_context=args.max_context)
 
 
 def add_json(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from replug_jax.cli.common import (
     existing_file,
     format_generation,
     index_dir,
+    load_flax_lm,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -32,9 +33,7 @@ def make_lm(args):
         return APIScorer.connect(args.api_base, model=args.api_model,
                                  tokenizer=args.api_tokenizer, timeout=args.api_timeout,
                                  endpoint=args.api_endpoint, max_retries=args.api_retries)
-    from replug_jax.lm.flax_scorer import FlaxLM
-
-    return FlaxLM.load(args.lm, dtype=args.dtype, max_context=args.max_context)
+    return load_flax_lm(args)
 
 
 def make_pipeline(args):

@@ -11,6 +11,7 @@ from replug_jax.cli.common import (
     add_flax_lm_args,
     command,
     emit,
+    load_flax_lm,
     port_number,
     positive_int,
 )
@@ -29,12 +30,17 @@ def serve_settings(args):
 
 
 def cmd_serve(args) -> int:
-    from replug_jax.lm.flax_scorer import FlaxLM
+    import jax
+
     from replug_jax.lm.server import serve
 
     limits, api_key = serve_settings(args)
-    serve(FlaxLM.load(args.lm, dtype=args.dtype, max_context=args.max_context), args.host,
-          args.port, args.model_name, limits=limits, api_key=api_key, insecure=args.insecure)
+    lm = load_flax_lm(args)
+    if jax.process_count() > 1:
+        raise ValueError("replug serve runs in one process (its --mesh spans that host's "
+                         "devices); serve a multi-host LM with vLLM and point --api-base at it")
+    serve(lm, args.host, args.port, args.model_name, limits=limits, api_key=api_key,
+          insecure=args.insecure)
     return 0
 
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import pathlib
 
-from replug_jax.cli.common import command, emit, existing_dir, positive_int
+from replug_jax.cli.common import command, emit, existing_dir, mesh_shape, positive_int
 
 
 def cmd_train_lsr(args) -> int:
-    from replug_jax.sharding import initialize_distributed
+    from replug_jax.sharding import format_mesh, initialize_distributed
     from replug_jax.train.assemble import build_trainer
     from replug_jax.train.config import load_config
 
     initialize_distributed()
-    cfg, variant = load_config(args.config, args.set)
+    lm_flags = [f"lm_{name}={value}" for name, value in
+                (("dtype", args.dtype), ("mesh", format_mesh(args.mesh) if args.mesh else None))
+                if value is not None]
+    cfg, variant = load_config(args.config, args.set + lm_flags)
     trainer = build_trainer(cfg, args.workdir, progress=not args.json)
     result = trainer.run(stop_after=args.max_steps)
     result["variant"] = variant
@@ -55,6 +58,13 @@ def add_parsers(sub) -> None:
                     help="run directory: checkpoints, index versions, metrics, LM-score cache")
     tr.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                     help="override config fields, e.g. --set k=10 gamma=0.5 (repeatable)")
+    tr.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                    help="the in-process LM's dtype (the config's lm_dtype; default auto: "
+                         "bfloat16 on GPUs and TPUs, float32 on a CPU)")
+    tr.add_argument("--mesh", type=mesh_shape, default=None, metavar="AXIS=SIZE,...",
+                    help="shard the in-process LM over a device mesh, e.g. model=8 or "
+                         "data=2,model=4 (the config's lm_mesh; the retriever stays data-"
+                         "parallel over every device)")
     tr.add_argument("--max-steps", type=positive_int, default=None,
                     help="stop after this many steps of this invocation (resume later)")
 

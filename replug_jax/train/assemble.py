@@ -35,9 +35,19 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
                                    max_context=cfg.lm_max_context)
             require(lm, SCORE, "LSR supervision")  # one line when the server cannot score
         else:
-            from replug_jax.lm.flax_scorer import FlaxLM
+            import jax
 
-            lm = FlaxLM.load(cfg.lm, max_context=cfg.lm_max_context)
+            from replug_jax.lm.flax_scorer import FlaxLM
+            from replug_jax.sharding import make_mesh, parse_mesh
+
+            if cfg.lm_mesh and jax.process_count() > 1:
+                raise ValueError("lm_mesh in a multi-process run: an LM sharded over every "
+                                 "process needs every process to score the same pairs, but "
+                                 "each LSR process scores its own rows; serve the LM "
+                                 "(lm_api_base, e.g. vLLM) or train in one process")
+            mesh = make_mesh(shape=parse_mesh(cfg.lm_mesh)) if cfg.lm_mesh else None
+            lm = FlaxLM.load(cfg.lm, dtype=cfg.lm_dtype, mesh=mesh,
+                             max_context=cfg.lm_max_context)
     tok = lm.tokenizer if lm is not None and hasattr(lm, "tokenizer") else \
         retriever.model.tokenizer
     if cfg.task == "qa":

@@ -9,6 +9,7 @@ from typing import Literal
 
 from replug_jax import config
 from replug_jax.models.registry import DEFAULT_LM
+from replug_jax.sharding import parse_mesh
 
 
 MARGINAL_NEEDS_SUM = ("objective 'marginal' needs lm_score 'sum': the marginal likelihood "
@@ -28,6 +29,10 @@ class LSRConfig:
     retriever: str = "facebook/contriever"  # paper: Contriever
     lm: str = DEFAULT_LM  # paper: GPT-3 Curie (any LMScorer works; an API via lm_api_base)
     lm_api_base: str | None = None
+    # the in-process LM: "auto" = bfloat16 on accelerators, float32 on CPU; a mesh such as
+    # "model=8" or "data=2,model=4" shards it over the devices (every process's)
+    lm_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    lm_mesh: str = ""
     similarity: Literal["cosine", "dot"] = "cosine"  # Eq. 1; the official code used dot
     # data
     task: Literal["qa", "lm"] = "qa"
@@ -117,12 +122,18 @@ class LSRConfig:
                                  ("optimizer", ("adam", "adamw")),
                                  ("refresh_mode", ("background", "sync")),
                                  ("index_backend", ("faiss", "jax")),
-                                 ("index_dtype", ("auto", "bfloat16", "float32"))):
+                                 ("index_dtype", ("auto", "bfloat16", "float32")),
+                                 ("lm_dtype", ("auto", "float32", "bfloat16"))):
             checks.append((getattr(self, literal) in allowed,
                            f"{literal} must be one of {allowed}, got {getattr(self, literal)!r}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad config: {message}")
+        if self.lm_mesh:
+            try:
+                parse_mesh(self.lm_mesh)
+            except ValueError as err:
+                raise ValueError(f"bad config: lm_mesh: {err}") from None
 
     @property
     def lag(self) -> int:
@@ -135,9 +146,12 @@ class LSRConfig:
 
     def fingerprint(self, ignore=("total_steps", "eval_every", "checkpoint_every",
                                   "keep_checkpoints", "remat", "prescore_pool",
-                                  "dev_examples")) -> str:
-        """A hash of everything that changes the training trajectory."""
+                                  "dev_examples", "lm_mesh")) -> str:
+        """A hash of everything that changes the training trajectory (not where the LM runs:
+        a sharded LM scores as one device does)."""
         d = {k: v for k, v in self.to_json().items() if k not in ignore}
+        if d["lm_dtype"] == "auto":  # as every run was before the field: old hashes hold
+            del d["lm_dtype"]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
