@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Accelerator check in at most 10 minutes (the stage limits of the default STAGES add up to
-# 585 s): install from local wheels into a fresh environment (no network), the devices, the
+# 600 s): install from local wheels into a fresh environment (no network), the devices, the
 # two-stage exact top-k over 20M x 768 bf16 with its GB/s, FAISS on the GPU (with the CUDA 12
-# runtime and cuBLAS wheels beside faiss-gpu-cu12), and document-KV-reuse scoring on the
-# packaged SmolLM2 architecture in bfloat16 against the previous path and PyTorch.
+# runtime and cuBLAS wheels beside faiss-gpu-cu12), document-KV-reuse scoring on the packaged
+# SmolLM2 architecture in bfloat16 against the previous path and PyTorch, and cuDNN's fused
+# attention against the decoder's chunked fallback at 4096 tokens.
 # STAGES=all adds the core tests on the GPU, the ensemble / LSR-step / encode benchmarks and
 # a Llama-3.2-1B-shaped model (about 25 minutes: two calls of the device tool).
 # Every stage's log and JSON go to $OUT.
@@ -94,11 +95,13 @@ if all; then
   fi
 fi
 # exact top-k over 20M x 768 bf16 at batch 64 and 1024: GB/s scanned against the copy bandwidth
-stage sharded_topk 120 "$PY" -m benches.bench_sharded_topk --device-resident 20000000 --dim 768
+stage sharded_topk 115 "$PY" -m benches.bench_sharded_topk --device-resident 20000000 --dim 768
 # LM scoring with document KV reuse, bf16, in SQuAD's reuse shape (random tokens: the data
 # files do not travel), against the previous path and PyTorch on the same GPU
 stage bench_scoring 120 "$PY" -m benches.bench_scoring --synthetic --lm "$LM" \
   --dtype bfloat16 --repeats 2 --name scoring_bf16
+# cuDNN's fused causal attention against the decoder's chunked fallback (4096 tokens, bf16)
+stage attention 35 "$PY" -m benches.bench_attention
 FAISS_GPU=${FAISS_GPU:-/tmp/replug-faiss-gpu}
 if ls "$WHEELS"/faiss_gpu_cu12-*.whl >/dev/null 2>&1; then
   # faiss-gpu-cu12 loads libcudart.so.12 and libcublas.so.12: their pip wheels go beside it
@@ -106,7 +109,7 @@ if ls "$WHEELS"/faiss_gpu_cu12-*.whl >/dev/null 2>&1; then
     "$FAISS_GPU" "$WHEELS"/faiss_gpu_cu12-*.whl "$WHEELS"/nvidia_cuda_runtime_cu12-*.whl \
     "$WHEELS"/nvidia_cublas_cu12-*.whl
   CUDA_LIBS="$FAISS_GPU/nvidia/cuda_runtime/lib:$FAISS_GPU/nvidia/cublas/lib"
-  stage faiss_gpu 90 env PYTHONPATH="$FAISS_GPU:${PYTHONPATH:-$PWD}" \
+  stage faiss_gpu 75 env PYTHONPATH="$FAISS_GPU:${PYTHONPATH:-$PWD}" \
     LD_LIBRARY_PATH="$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$PY" -m \
     benches.bench_faiss_gpu --n 1000000 --dim 768
 fi

@@ -117,6 +117,9 @@ class Replug:
         return {"mode": mode, "k": k, "retrieval_temperature": self.retrieval_temperature,
                 "retrieval_temperature_source": self.retrieval_temperature_source,
                 "separator": self.separator, "lm": getattr(self.lm, "name", "?"),
+                # an in-process LM's dtype, matmul precision, mesh and backend
+                "lm_placement": (self.lm.place.describe() if hasattr(self.lm, "place")
+                                 else None),
                 "retriever": None if self.retriever is None else self.retriever.identity,
                 "index": None if self.index is None else {
                     "n": len(self.index), "factory": self.index.manifest.get("factory"),

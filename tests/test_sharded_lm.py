@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from replug_jax.lm.flax_scorer import FlaxLM
+from replug_jax.lm.memory import lm_memory
 from replug_jax.models import load_lm
 from replug_jax.models.weights import LazyTensor, column_block, transposed
 from replug_jax.sharding import (
@@ -131,6 +132,9 @@ def test_sharded_lm_scores_and_generates_as_one_device(llama_dir, one_device, sh
     replicated_norms = 64 * 4 * (2 * 2 + 1)  # [64] float32 scales, 2 per layer + final
     kv_rep = 0 if 4 % shape["model"] == 0 else 2 * 2 * 64 * 32 * 4 * (1 - 1 / shape["model"])
     assert mine <= total / (shape["model"] * shape.get("fsdp", 1)) + replicated_norms + kv_rep
+    # `replug lm-memory` computes the same bytes from the config alone
+    plan = lm_memory(lm.lm.config, shape, "float32", batch=8, context=64)
+    assert plan["parameters_bytes"] == mine
 
 
 @pytest.mark.slow
@@ -262,6 +266,7 @@ def test_query_chunked_attention_equals_one_pass():
 _TWO = """
 import json, math
 from replug_jax.lm.flax_scorer import FlaxLM
+from replug_jax.lm.memory import lm_memory
 from replug_jax.models.weights import LazyTensor
 from replug_jax.sharding import make_mesh
 from tests.test_sharded_lm import _pairs

@@ -13,6 +13,7 @@ from replug_jax.cli.common import (
     format_generation,
     index_dir,
     load_flax_lm,
+    mesh_shape,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -205,3 +206,31 @@ def add_parsers(sub) -> None:
                       help="answer length limit")
     demo.add_argument("--question", action="append", default=None,
                       help="ask this instead of the built-in questions (repeatable)")
+
+    mem = command(sub, "lm-memory", cmd_lm_memory,
+                  help="device memory of an LM on a mesh, from its config alone",
+                  description="Bytes per device of an LM sharded over a mesh: parameters "
+                              "(exact, from the shapes and the sharding rules), the KV cache "
+                              "of --batch sequences of --context tokens (exact), the head's "
+                              "logits and an activation estimate. Reads only config.json.")
+    mem.add_argument("--config", required=True, type=pathlib.Path,
+                     help="an HF config.json (or a folder holding one) of a Llama-family, "
+                          "GPT-2 or OPT LM")
+    mem.add_argument("--mesh", type=mesh_shape, default={"model": 1}, metavar="AXIS=SIZE,...",
+                     help="e.g. model=8 or data=2,model=4 (default: one device)")
+    mem.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
+                     help="parameter and activation dtype (default bfloat16)")
+    mem.add_argument("--batch", type=positive_int, default=32,
+                     help="sequences decoded or prefilled together: queries x k documents "
+                          "(default 32)")
+    mem.add_argument("--context", type=positive_int, default=2048,
+                     help="tokens per sequence, prompt and generation (default 2048)")
+
+
+def cmd_lm_memory(args) -> int:
+    from replug_jax.lm.memory import lm_memory, read_lm_config
+
+    plan = lm_memory(read_lm_config(args.config), args.mesh, args.dtype, batch=args.batch,
+                     context=args.context)
+    emit(args, plan, "\n".join(f"{k}: {v}" for k, v in plan.items()))
+    return 0
