@@ -161,3 +161,49 @@ def test_the_marginal_objective_needs_summed_scores_in_every_trainer():
     PoolTrainConfig(objective="marginal", lm_score="sum")
     with pytest.raises(ValueError, match="needs lm_score 'sum'"):
         LSRConfig(objective="marginal", lm_score="mean")
+
+
+def test_each_step_re_ranks_the_pool_with_the_current_queries(tiny):
+    """The step retrieves, within each query's whole pool, the top k by the *current* query
+    embedding against the refreshed passage embeddings (not a ranking fixed at the refresh):
+    its loss equals lsr_loss over that hand-picked top k, and a second step, after the
+    query tower moved, picks by its own scores again."""
+    import jax.numpy as jnp
+
+    from replug_jax.core.losses import lsr_loss
+    from replug_jax.models.bert import embed
+    from replug_jax.models.params import split_params, to_module
+    from replug_jax.train.lsr import init_state, make_optimizer
+    from replug_jax.train.pool import _lsr_config, make_query_step
+
+    _, retriever = tiny
+    cfg = PoolTrainConfig(k=2, steps=4, learning_rate=5e-2)
+    lcfg = _lsr_config(cfg)
+    graphdef, template, params = split_params(retriever.model.encoder)
+    tx = make_optimizer(lcfg)
+    step = make_query_step(graphdef, template, lcfg, tx, retriever.model.pooling,
+                           retriever.normalize, cfg.k)
+    ids, mask = retriever.tokenize_fixed(["capital of Germany", "the Rhine river"], 16, "right")
+    rng = np.random.default_rng(0)
+    batch = {"query_ids": ids, "query_mask": mask,
+             "doc_emb": rng.normal(size=(2, 5, 32)).astype(np.float32),
+             "doc_valid": np.array([[True] * 5, [True, True, False, True, True]]),
+             "lm_scores": rng.normal(size=(2, 5)).astype(np.float32)}
+
+    def by_hand(p):
+        q = np.asarray(embed(to_module(graphdef, template, p), jnp.asarray(ids),
+                             jnp.asarray(mask), pooling=retriever.model.pooling,
+                             normalize=retriever.normalize))
+        s = np.einsum("bd,bmd->bm", q, batch["doc_emb"])
+        top = top_k_in_pool(s, batch["doc_valid"], 2)
+        pick = lambda a: np.take_along_axis(a, top, axis=1)  # noqa: E731
+        return float(lsr_loss(pick(s), pick(batch["lm_scores"]), 0.1, 0.1,
+                              pick(batch["doc_valid"]))), top
+
+    state = init_state(params, tx)
+    want, top0 = by_hand(state.params)
+    state, metrics = step(state, batch)
+    assert float(metrics["loss"]) == pytest.approx(want, rel=1e-5)
+    want1, _ = by_hand(state.params)
+    _, metrics1 = step(state, batch)
+    assert float(metrics1["loss"]) == pytest.approx(want1, rel=1e-5)

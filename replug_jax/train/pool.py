@@ -295,12 +295,12 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     """REPLUG LSR on a pre-scored pool; returns ``{"params", "best_step", "curve",
     "steps_run", "seconds"}``.
 
-    Query tower trained, documents from the last refresh: each step encodes the batch's
-    queries with the current parameters (gradients reach the shared encoder through them) and
-    scores them against the pool passages' embeddings of the last refresh (every
-    ``refresh_every`` steps, with the current parameters) — the paper's stale index embeddings,
-    refreshed periodically (§4.3). The top-``k`` within each pool by those scores are the
-    retrieved documents. The dev curve (REPLUG bits per byte within the dev pools, τ =
+    Query tower trained, documents from the last refresh: at every step the batch's queries
+    are encoded with the current parameters (gradients reach the shared encoder through them)
+    and re-rank their whole pool against the pool passages' embeddings of the last refresh
+    (every ``refresh_every`` steps, with the current parameters: the paper's stale index
+    embeddings, refreshed periodically, §4.3); the top-``k`` within each pool by those scores
+    are the retrieved documents of that step. The dev curve (REPLUG bits per byte within the dev pools, τ =
     ``eval_temperature``) is read every ``eval_every`` steps; the parameters of the best dev
     value are returned, and training stops after ``patience`` evaluations without a new best.
     """
@@ -313,7 +313,7 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     graphdef, template, params0 = split_params(retriever.model.encoder)
     tx = make_optimizer(lcfg)
     step_fn = make_query_step(graphdef, template, lcfg, tx, retriever.model.pooling,
-                              retriever.normalize)
+                              retriever.normalize, cfg.k)
     state = init_state(params0, tx)
     lm_EM = train_pool.lm_scores(cfg.lm_score)
     valid_EM = train_pool.branches.doc_mask_NK
@@ -338,15 +338,12 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     step = 0
     for step in range(cfg.steps):
         if step % cfg.refresh_every == 0:
-            q_ED, d_EMD = embed_pool(retriever, state.params, train_pool, train_examples,
-                                     passages_by_id)
-            top_EK = top_k_in_pool(np.einsum("ed,emd->em", q_ED, d_EMD), valid_EM, cfg.k)
+            _, d_EMD = embed_pool(retriever, state.params, train_pool, train_examples,
+                                  passages_by_id)
         rows = batch_indices(step, cfg.batch_size, len(train_examples), cfg.seed)
-        top = top_EK[rows]
         batch = {"query_ids": q_ids[rows], "query_mask": q_mask[rows],
-                 "doc_emb": np.take_along_axis(d_EMD[rows], top[..., None], axis=1),
-                 "doc_valid": np.take_along_axis(valid_EM[rows], top, axis=1),
-                 "lm_scores": np.take_along_axis(lm_EM[rows], top, axis=1)}
+                 "doc_emb": d_EMD[rows], "doc_valid": valid_EM[rows],
+                 "lm_scores": lm_EM[rows]}
         state, metrics = step_fn(state, batch)
         bar.update(1)
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
@@ -367,11 +364,14 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
             "steps_run": step + 1, "seconds": time.perf_counter() - t0}
 
 
-def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool):
+def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool, k: int):
     """The jitted LSR step with the query tower trained against given document embeddings
-    (``batch["doc_emb"] [B, K, D]``, from the last refresh): the loss of
-    :func:`~replug_jax.train.lsr.make_train_step` (KL either way, or the marginal
-    likelihood) on ``s(d, x) = E(x) · E_stale(d)``."""
+    of each query's whole pool (``batch["doc_emb"] [B, M, D]``, from the last refresh): the
+    current query embeddings re-rank the pool, its top ``k`` (ties to the earlier candidate)
+    are the retrieved documents, and the loss of :func:`~replug_jax.train.lsr.make_train_step`
+    (KL either way, or the marginal likelihood) is taken over them on
+    ``s(d, x) = E(x) · E_stale(d)``. The choice of the top ``k`` carries no gradient (as
+    retrieval from an index does not)."""
     import functools
 
     import optax
@@ -387,11 +387,15 @@ def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool):
         encoder = to_module(graphdef, template, params)
         q_BD = embed(encoder, batch["query_ids"], batch["query_mask"], pooling=pooling,
                      normalize=normalize)
-        s_BK = jnp.einsum("bd,bkd->bk", q_BD, batch["doc_emb"])
+        s_BM = jnp.einsum("bd,bmd->bm", q_BD, batch["doc_emb"])
+        ranked_BM = jnp.where(batch["doc_valid"], jax.lax.stop_gradient(s_BM), -jnp.inf)
+        _, top_BK = jax.lax.top_k(ranked_BM, k)
+        s_BK = jnp.take_along_axis(s_BM, top_BK, axis=1)
+        lm_BK = jnp.take_along_axis(batch["lm_scores"], top_BK, axis=1)
+        valid_BK = jnp.take_along_axis(batch["doc_valid"], top_BK, axis=1)
         if cfg.objective == "marginal":
-            return marginal_nll_loss(s_BK, batch["lm_scores"], cfg.gamma, batch["doc_valid"])
-        return lsr_loss(s_BK, batch["lm_scores"], cfg.gamma, cfg.beta, batch["doc_valid"],
-                        direction=cfg.direction)
+            return marginal_nll_loss(s_BK, lm_BK, cfg.gamma, valid_BK)
+        return lsr_loss(s_BK, lm_BK, cfg.gamma, cfg.beta, valid_BK, direction=cfg.direction)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def step(state, batch):
