@@ -59,8 +59,8 @@ DIFFERENCES = (
     "k = 20 from the whole index, refreshed every 3K of 25K steps, batch 64). Here "
     "all-MiniLM-L6-v2 learns from SmolLM2-135M on WikiText-2 training articles with x, y = 64 "
     "tokens; retrieval during training is the top-k within each example's pre-scored pool of "
-    "the base retriever's top-M (the pool stands in for the index; it is re-ranked with the "
-    "current parameters at every refresh), only the query tower is trained between refreshes "
+    "the base retriever's top-M (the pool stands in for the index; the current query "
+    "embedding re-ranks it at every step), only the query tower is trained between refreshes "
     "(documents from the last refresh, as the paper's stale index), and the final comparison "
     "retrieves from the whole re-embedded datastore.")
 
@@ -156,7 +156,11 @@ def main(argv=None):
         base_ll = {s: pool_logliks(pools[s], pools[s].branches.scores_NK, cfg.k,
                                    cfg.eval_temperature) for s in ("dev", "test")}
         bytes_ = {s: pools[s].branches.bytes_N for s in ("dev", "test")}
-        kw = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
+        # windows of one article are not independent: intervals resample whole articles
+        articles = {s: [e.source_id or e.id for e in examples[s]] for s in examples}
+        kw = {s: dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed,
+                      clusters=articles[s] if len(set(articles[s])) > 1 else None)
+              for s in ("dev", "test")}  # one article: its windows are resampled
         results = {}
         best_file = work / "best_params.npz"
         for v in variants(cfg):
@@ -175,7 +179,7 @@ def main(argv=None):
                 ll = pool_logliks(pools[s], np.einsum("ed,emd->em", q, d), cfg.k,
                                   cfg.eval_temperature)
                 row[s] = {"bpb": bits_per_byte(ll, bytes_[s]),
-                          "vs_base": bpb_difference(ll, base_ll[s], bytes_[s], **kw),
+                          "vs_base": bpb_difference(ll, base_ll[s], bytes_[s], **kw[s]),
                           "logliks": ll.tolist()}
             best_so_far = min((r["dev"]["bpb"] for r in results.values()), default=math.inf)
             if row["dev"]["bpb"] < best_so_far or not best_file.exists():
@@ -206,8 +210,9 @@ def main(argv=None):
         "lm_alone_bpb": bits_per_byte(alone, bytes_["test"]),
         "base_bpb": bits_per_byte(base_ll["test"], bytes_["test"]),
         "lsr_bpb": bits_per_byte(full_ll, bytes_["test"]),
-        "base_vs_lm_alone": bpb_difference(base_ll["test"], alone, bytes_["test"], **kw),
-        "lsr_vs_base": bpb_difference(full_ll, base_ll["test"], bytes_["test"], **kw)}
+        "base_vs_lm_alone": bpb_difference(base_ll["test"], alone, bytes_["test"],
+                                           **kw["test"]),
+        "lsr_vs_base": bpb_difference(full_ll, base_ll["test"], bytes_["test"], **kw["test"])}
     end_to_end["min_detectable_bpb"] = min_detectable(end_to_end["lsr_vs_base"])
     passes = end_to_end["lsr_vs_base"]["high"] < 0
     end_to_end["release_rule"] = ("passes: better than the base with an interval excluding zero"
@@ -223,10 +228,17 @@ def main(argv=None):
                "base": {s: {"bpb": bits_per_byte(base_ll[s], bytes_[s])} for s in base_ll},
                "variants": {n: {k: v for k, v in r.items() if k != "curve"}
                             | {"curve": r["curve"]} for n, r in results.items()},
+               # every window's log-likelihood under each system, with its id, article and
+               # bytes: any difference can be re-bootstrapped (by article) from the JSON
+               "per_example": {
+                   "test": {"ids": [e.id for e in examples["test"]],
+                            "articles": articles["test"], "bytes": bytes_["test"].tolist(),
+                            "lm_alone": alone.tolist(), "base": base_ll["test"].tolist(),
+                            "lsr_end_to_end": full_ll.tolist()},
+                   "dev": {"ids": [e.id for e in examples["dev"]],
+                           "articles": articles["dev"], "bytes": bytes_["dev"].tolist(),
+                           "base": base_ll["dev"].tolist()}},
                "seconds": sw.seconds, "provenance": provenance()}
-    for r in payload["variants"].values():
-        for s in ("dev", "test"):
-            r[s].pop("logliks", None)
     table = [("base retriever", "—", "—", f"{payload['base']['dev']['bpb']:.4f}",
               f"{payload['base']['test']['bpb']:.4f}", "—", "—")]
     for n, r in results.items():
@@ -239,8 +251,10 @@ def main(argv=None):
         f"{cfg.pool_size}, τ = {cfg.eval_temperature}), {len(examples['train'])} train / "
         f"{len(examples['dev'])} dev / {len(examples['test'])} test windows (x, y = "
         f"{cfg.context_tokens} tokens) of disjoint WikiText-2 articles; the datastore never "
-        f"holds the evaluated article. Lower is better; intervals: paired bootstrap, "
-        f"{cfg.bootstrap_resamples} resamples. LM pairs scored: {pairs} "
+        f"holds the evaluated article. Lower is better; intervals: paired bootstrap over "
+        f"articles (windows of one article resampled together), {cfg.bootstrap_resamples} "
+        f"resamples. Every window's log-likelihood is in the JSON (`per_example`, the "
+        f"variants' `logliks`). LM pairs scored: {pairs} "
         f"({', '.join(f'{r:.2f}' for r in payload['pairs_per_second'])} pairs/s).\n\n"
         f"**End to end** (the chosen variant, {chosen}, by dev; top-{cfg.k} from the whole "
         f"re-embedded datastore): LM alone {e2e['lm_alone_bpb']:.4f}, REPLUG with the base "

@@ -300,6 +300,18 @@ def test_lsr_study_tiny(data, tmp_path):
     assert e2e["release_rule"].startswith(("passes", "fails"))
     assert res["lm_pairs_scored"] > 0 and (out / "lsr_study" / "tiny.png").stat().st_size > 0
     assert "End to end" in (out / "lsr_study" / "README.md").read_text()
+    # every test window's log-likelihood under each system, with its id, article and bytes,
+    # and each variant's: the differences can be re-bootstrapped from the JSON alone
+    per = res["per_example"]["test"]
+    n = res["examples"]["test"]
+    assert all(len(per[f]) == n for f in ("ids", "articles", "bytes", "lm_alone", "base",
+                                          "lsr_end_to_end"))
+    assert all(len(v["test"]["logliks"]) == n for v in res["variants"].values())
+    from replug_jax.eval.stats import bpb_difference
+
+    again_d = bpb_difference(per["lsr_end_to_end"], per["base"], per["bytes"],
+                             resamples=d["resamples"], seed=res["config"]["seed"])
+    assert again_d["difference"] == pytest.approx(d["difference"])
     lsr_study.main(argv)  # resumed: the same numbers from the stored pools and runs
     again = json.loads((out / "lsr_study" / "tiny.json").read_text())
     assert again["end_to_end"] == res["end_to_end"] and again["variants"] == res["variants"]

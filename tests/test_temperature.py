@@ -99,6 +99,23 @@ def test_paired_bootstrap_on_hand_made_examples():
         paired_bootstrap([1.0, float("-inf")], [0.0, 0.0])
 
 
+def test_cluster_bootstrap_resamples_whole_articles():
+    """Items of one cluster move together: two articles with per-item differences (0, 0) and
+    (3, 3, 3, 3) are two cluster totals, (0 over 2 items) and (12 over 4): the resamples give
+    0 (1/4), 12/6 = 2 (1/2) and 3 (1/4), so the 95 % interval is [0, 3] — where an item
+    bootstrap of the same six values is far narrower."""
+    a = np.array([0.0, 0.0, 3.0, 3.0, 3.0, 3.0])
+    b = np.zeros(6)
+    art = ["x", "x", "y", "y", "y", "y"]
+    c = paired_bootstrap(a, b, clusters=art, resamples=20_000)
+    assert c["difference"] == 2.0 and (c["low"], c["high"]) == (0.0, 3.0)
+    assert c["items"] == 6 and c["clusters"] == 2
+    i = paired_bootstrap(a, b, resamples=20_000)
+    assert i["high"] - i["low"] < c["high"] - c["low"]
+    with pytest.raises(ValueError, match="at least 2 clusters"):
+        paired_bootstrap(a, b, clusters=["x"] * 6)
+
+
 def test_a_fitted_temperature_travels_with_the_retriever(tmp_path):
     from replug_jax.models import export_retriever
     from replug_jax.retrieval.encoder import Retriever

@@ -7,6 +7,11 @@ interval is the percentile interval of the resampled differences. The statistic 
 sums, ``Σ a_i / Σ w_i − Σ b_i / Σ w_i``, which covers both per-item means (``w = 1``) and
 corpus-level rates such as log-likelihood per byte (``w`` = bytes; bits per byte is
 ``−rate / ln 2``). scipy.stats.bootstrap does the resampling.
+
+Items that share a source (windows of one article, questions of one paragraph's article) are
+not independent: with ``clusters=`` the bootstrap resamples whole clusters (the cluster, or
+block, bootstrap: Davison & Hinkley 1997, §3.8). Since the statistic is a ratio of sums, that
+is the same bootstrap over the clusters' totals.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 
 
 def paired_bootstrap(a, b, weights=None, *, confidence: float = 0.95, resamples: int = 10_000,
-                     seed: int = 0, scale: float = 1.0) -> dict:
+                     seed: int = 0, scale: float = 1.0, clusters=None) -> dict:
     """The difference ``scale · (Σ a − Σ b) / Σ w`` and its paired-bootstrap interval.
 
     Args:
@@ -27,10 +32,12 @@ def paired_bootstrap(a, b, weights=None, *, confidence: float = 0.95, resamples:
       resamples: bootstrap resamples; ``seed`` makes them reproducible.
       scale: a constant the statistic is multiplied by (``−1/ln 2`` turns nats per byte into
         bits per byte).
+      clusters: ``[N]`` labels (article ids): resample whole clusters instead of items.
 
     Returns:
-      ``{"difference", "low", "high", "confidence", "items", "resamples"}``; ``low == high``
-      when every item gives the same difference.
+      ``{"difference", "low", "high", "confidence", "items", "resamples"}`` (and
+      ``"clusters"``, their count, when given); ``low == high`` when every item gives the
+      same difference.
     """
     from scipy.stats import bootstrap
 
@@ -46,6 +53,16 @@ def paired_bootstrap(a, b, weights=None, *, confidence: float = 0.95, resamples:
         raise ValueError("paired_bootstrap: non-finite values among the per-item scores")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    items = len(a_N)
+    if clusters is not None:
+        labels = np.asarray(clusters)
+        if labels.shape != a_N.shape:
+            raise ValueError(f"clusters must label each of the {len(a_N)} items, got "
+                             f"{labels.shape}")
+        _, group = np.unique(labels, return_inverse=True)
+        if group.max() < 1:
+            raise ValueError("a cluster bootstrap needs at least 2 clusters, got 1")
+        a_N, b_N, w_N = (np.bincount(group, x) for x in (a_N, b_N, w_N))
 
     def statistic(x, y, w, axis=-1):
         return scale * (np.sum(x, axis) - np.sum(y, axis)) / np.sum(w, axis)
@@ -59,8 +76,11 @@ def paired_bootstrap(a, b, weights=None, *, confidence: float = 0.95, resamples:
                         n_resamples=resamples, confidence_level=confidence,
                         method="percentile", random_state=np.random.default_rng(seed))
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return {"difference": point, "low": low, "high": high, "confidence": confidence,
-            "items": int(len(a_N)), "resamples": resamples}
+    out = {"difference": point, "low": low, "high": high, "confidence": confidence,
+           "items": int(items), "resamples": resamples}
+    if clusters is not None:
+        out["clusters"] = int(len(a_N))
+    return out
 
 
 def bpb_difference(loglik_a, loglik_b, num_bytes, **kw) -> dict:
