@@ -28,7 +28,8 @@ from benches.common import write  # noqa: E402
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=16, help="decoder layers (default 16: 1.1B)")
+    ap.add_argument("--layers", type=int, default=22,
+                    help="decoder layers (default 22: TinyLlama-1.1B)")
     args = ap.parse_args(argv)
     import jax
     from flax import nnx

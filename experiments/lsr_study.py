@@ -20,6 +20,7 @@ Usage: ``python -m experiments.lsr_study [--config default|tiny] [--set key=valu
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -49,6 +50,7 @@ from replug_jax.train.pool import (
     bits_per_byte,
     build_pool,
     embed_pool,
+    oracle_logliks,
     pool_logliks,
     train_on_pool,
 )
@@ -83,12 +85,15 @@ def variants(cfg) -> list[PoolTrainConfig]:
                 steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                 refresh_every=cfg.refresh_every, eval_every=cfg.eval_every,
                 patience=cfg.patience, eval_temperature=cfg.eval_temperature, seed=cfg.seed))
+    if cfg.shuffled_control and out:  # the first variant again, on Q permuted within pools
+        out.append(dataclasses.replace(out[0], shuffle_q=True))
     return out
 
 
 def label(v: PoolTrainConfig) -> str:
-    return f"{v.objective}/γ={v.gamma:g}" + (f"/β={v.beta:g}" if v.objective != "marginal"
-                                            else "")
+    return (f"{v.objective}/γ={v.gamma:g}" + (f"/β={v.beta:g}" if v.objective != "marginal"
+                                             else "")
+            + ("/shuffled-Q control" if v.shuffle_q else ""))
 
 
 def slug(name: str) -> str:
@@ -100,6 +105,26 @@ def min_detectable(diff: dict) -> float:
     """The smallest true difference the paired test detects 80 % of the time: the interval's
     half-width is z_α standard errors."""
     return (diff["high"] - diff["low"]) / 2 / Z_ALPHA * (Z_ALPHA + Z_POWER)
+
+
+def headroom(pools, base_ll, bytes_, cfg, kw) -> dict:
+    """The oracle ceiling on the dev and test pools (the LM's own top-k, base λ) against the
+    base retriever, with article-clustered intervals, and whether there is anything to learn:
+    the oracle better than the base on dev with an interval excluding zero."""
+    out = {"oracle_bpb": {}, "oracle_vs_base": {}}
+    for s in ("dev", "test"):
+        ll = oracle_logliks(pools[s], cfg.k, cfg.eval_temperature)
+        out["oracle_bpb"][s] = bits_per_byte(ll, bytes_[s])
+        out["oracle_vs_base"][s] = bpb_difference(ll, base_ll[s], bytes_[s], **kw[s])
+    out["headroom"] = out["oracle_vs_base"]["dev"]["high"] < 0
+    d = out["oracle_vs_base"]["dev"]
+    out["verdict"] = (
+        f"the oracle (the LM's own top-{cfg.k} of each pool) is "
+        f"{format_interval(d, 4)} bits per byte from the base retriever on dev; "
+        + ("a retriever can gain up to that much here." if out["headroom"] else
+           "not better with an interval excluding zero: no retriever trained on these pools "
+           "can show a gain, whatever the steps."))
+    return out
 
 
 def save_params(params, path: pathlib.Path, info: dict) -> None:
@@ -161,6 +186,13 @@ def main(argv=None):
         kw = {s: dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed,
                       clusters=articles[s] if len(set(articles[s])) > 1 else None)
               for s in ("dev", "test")}  # one article: its windows are resampled
+        diagnostics = headroom(pools, base_ll, bytes_, cfg, kw)
+        if not diagnostics["headroom"]:
+            print(f"lsr_study: {diagnostics['verdict']}", flush=True)
+            if cfg.require_headroom:
+                write_json_atomic({"config": vars(cfg), "diagnostics": diagnostics},
+                                  work / "diagnostics.json")
+                return
         results = {}
         best_file = work / "best_params.npz"
         for v in variants(cfg):
@@ -181,12 +213,14 @@ def main(argv=None):
                 row[s] = {"bpb": bits_per_byte(ll, bytes_[s]),
                           "vs_base": bpb_difference(ll, base_ll[s], bytes_[s], **kw[s]),
                           "logliks": ll.tolist()}
-            best_so_far = min((r["dev"]["bpb"] for r in results.values()), default=math.inf)
-            if row["dev"]["bpb"] < best_so_far or not best_file.exists():
+            best_so_far = min((r["dev"]["bpb"] for n, r in results.items()
+                               if "shuffled-Q" not in n), default=math.inf)
+            if not v.shuffle_q and (row["dev"]["bpb"] < best_so_far or not best_file.exists()):
                 save_params(fit["params"], best_file, {"variant": name})
             results[name] = row
             write_json_atomic(row, out)
-        chosen = min(results, key=lambda n: results[n]["dev"]["bpb"])
+        chosen = min((n for n in results if "shuffled-Q" not in n),
+                     key=lambda n: results[n]["dev"]["bpb"])
         if json.loads(best_file.with_suffix(".json").read_text())["variant"] != chosen:
             raise ValueError(f"{best_file} holds another variant than the best on dev "
                              f"({chosen}); delete {work / 'runs'} and rerun")
@@ -222,6 +256,7 @@ def main(argv=None):
     pairs = sum(p.provenance["pairs"] for p in pools.values()) + full.provenance["pairs"]
     rates = [p.provenance.get("pairs_per_second") for p in (*pools.values(), full)]
     payload = {"config": vars(cfg), "chosen": chosen, "end_to_end": end_to_end,
+               "diagnostics": diagnostics,
                "examples": {s: len(examples[s]) for s in examples},
                "lm_pairs_scored": pairs,
                "pairs_per_second": [r for r in rates if r is not None],
@@ -261,7 +296,8 @@ def main(argv=None):
         f"retriever {e2e['base_bpb']:.4f} ({format_interval(e2e['base_vs_lm_alone'], 4)} vs LM "
         f"alone), REPLUG LSR {e2e['lsr_bpb']:.4f} ({format_interval(e2e['lsr_vs_base'], 4)} vs "
         f"base). Smallest effect this test set detects (80 % power, 5 % level): "
-        f"{e2e['min_detectable_bpb']:.4f} bits per byte. Release rule: {e2e['release_rule']}.")
+        f"{e2e['min_detectable_bpb']:.4f} bits per byte. Release rule: {e2e['release_rule']}."
+        f"\n\n**Before training** (no LM cost): {diagnostics['verdict']}")
     out = write_results("lsr_study", args.config, payload, table,
                         ("variant", "steps run", "best step", "dev BPB", "test BPB",
                          "dev Δ vs base [95 % CI]", "test Δ vs base [95 % CI]"),
@@ -283,8 +319,6 @@ def plot(results: dict, payload: dict, path: pathlib.Path) -> None:
 
 def release(retriever, params, cfg, chosen: str, row: dict, end_to_end: dict) -> None:
     """Write the chosen retriever (float16 safetensors, model card, ``replug.json``)."""
-    import dataclasses
-
     from safetensors.numpy import load_file, save_file
 
     from replug_jax.models import export_retriever

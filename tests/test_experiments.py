@@ -293,7 +293,12 @@ def test_lsr_study_tiny(data, tmp_path):
             f"workdir={tmp_path}/work"]
     lsr_study.main(argv)
     res = json.loads((out / "lsr_study" / "tiny.json").read_text())
-    assert set(res["variants"]) == {"kl_retriever_to_lm/γ=0.1/β=0.1", "marginal/γ=0.1"}
+    assert set(res["variants"]) == {"kl_retriever_to_lm/γ=0.1/β=0.1", "marginal/γ=0.1",
+                                    "kl_retriever_to_lm/γ=0.1/β=0.1/shuffled-Q control"}
+    assert "shuffled-Q" not in res["chosen"]
+    diag = res["diagnostics"]  # the oracle ceiling, measured before any training
+    assert diag["oracle_bpb"]["dev"] <= res["base"]["dev"]["bpb"] + 1e-9
+    assert "oracle" in diag["verdict"] and isinstance(diag["headroom"], bool)
     e2e = res["end_to_end"]
     d = e2e["lsr_vs_base"]
     assert d["low"] <= d["difference"] <= d["high"] and e2e["min_detectable_bpb"] >= 0

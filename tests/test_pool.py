@@ -207,3 +207,26 @@ def test_each_step_re_ranks_the_pool_with_the_current_queries(tiny):
     want1, _ = by_hand(state.params)
     _, metrics1 = step(state, batch)
     assert float(metrics1["loss"]) == pytest.approx(want1, rel=1e-5)
+
+
+def test_oracle_and_shuffled_q_diagnostics(tiny, tmp_path):
+    """The oracle picks each pool's k best candidates by the LM's own summed score (never worse
+    than the base's pick on log-likelihood at uniform-ish λ) and weights them by the base λ;
+    the shuffled-Q control keeps each example's values, permuted among its valid candidates."""
+    from replug_jax.train.pool import oracle_logliks, shuffled_q
+
+    pool, _ = _pool(tiny, tmp_path / "pool")
+    c = pool.branches
+    sums = pool.lm_scores("sum")
+    got = oracle_logliks(pool, 1)
+    for e in range(len(pool)):  # k = 1: the oracle's branch is the LM's best candidate
+        best = np.argmax(np.where(c.doc_mask_NK[e], sums[e], -np.inf))
+        assert got[e] == pytest.approx(sums[e, best], abs=1e-4)
+    base = pool_logliks(pool, c.scores_NK, 1)
+    assert np.all(got >= base - 1e-5)
+    lm = pool.lm_scores("mean")
+    sh = shuffled_q(lm, c.doc_mask_NK, seed=0)
+    for e in range(len(pool)):
+        v = c.doc_mask_NK[e]
+        assert sorted(sh[e, v]) == pytest.approx(sorted(lm[e, v]))
+    assert not np.allclose(sh, lm)

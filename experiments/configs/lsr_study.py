@@ -42,6 +42,10 @@ class StudyConfig:
     patience: int = 2
     lm_score: str = "mean"
     eval_temperature: float = 1.0  # τ of λ at evaluation (§3.2)
+    # controls: the first variant trained again on Q permuted within each pool (must not
+    # help); and stop before training when the oracle ceiling shows no headroom on dev
+    shuffled_control: bool = True
+    require_headroom: bool = False
     bootstrap_resamples: int = 10_000
     workdir: str = "runs/lsr_study"  # pools, run results, the chosen parameters (resumable)
     release: str = "checkpoints/replug-lsr-minilm-wikitext-pool"  # written only if it passes

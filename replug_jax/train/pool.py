@@ -227,17 +227,39 @@ def top_k_in_pool(scores_EM: np.ndarray, valid_EM: np.ndarray, k: int) -> np.nda
 
 
 def pool_logliks(pool: ScoredPool, scores_EM: np.ndarray, k: int,
-                 temperature: float = 1.0) -> np.ndarray:
+                 temperature: float = 1.0, choose_EM: np.ndarray | None = None) -> np.ndarray:
     """``[E]`` REPLUG log-likelihoods (§3.2) of the targets when the retriever scoring
     ``scores_EM`` retrieves its top-``k`` within each pool: ``λ = softmax(s / τ)`` over those
-    ``k``, the mixture from the stored per-token log-probs."""
+    ``k``, the mixture from the stored per-token log-probs. ``choose_EM``: pick the ``k`` by
+    these scores instead (λ still from ``scores_EM``)."""
     c = pool.branches
-    top = top_k_in_pool(scores_EM, c.doc_mask_NK, k)
+    top = top_k_in_pool(scores_EM if choose_EM is None else choose_EM, c.doc_mask_NK, k)
     mask = np.zeros_like(c.doc_mask_NK)
     np.put_along_axis(mask, top, True, axis=1)
     view = BranchCache(c.logprobs_NKT, np.asarray(scores_EM, np.float32), mask & c.doc_mask_NK,
                        c.token_mask_NT, c.bytes_N, c.ids)
     return mixture_logliks(view, temperature)
+
+
+def oracle_logliks(pool: ScoredPool, k: int, temperature: float = 1.0) -> np.ndarray:
+    """The ceiling of any retriever on this pool, at no LM cost: the ``k`` candidates the LM
+    itself scores best (its summed log-likelihood of the target, what Q ranks by) are
+    retrieved, weighted by the base retriever's λ over them. A study whose oracle is no better
+    than the base retriever cannot show LSR helping, whatever it trains."""
+    return pool_logliks(pool, pool.branches.scores_NK, k, temperature,
+                        choose_EM=pool.lm_scores("sum"))
+
+
+def shuffled_q(lm_EM: np.ndarray, valid_EM: np.ndarray, seed: int) -> np.ndarray:
+    """The control of the LM's supervision: each example's scores permuted among its own
+    valid candidates (same values, no link to the documents). Training on them must not
+    help."""
+    rng = np.random.default_rng(seed)
+    out = np.array(lm_EM, copy=True)
+    for e in range(len(out)):
+        idx = np.flatnonzero(valid_EM[e])
+        out[e, idx] = out[e, rng.permutation(idx)]
+    return out
 
 
 def bits_per_byte(logliks_E: np.ndarray, bytes_E: np.ndarray) -> float:
@@ -262,6 +284,7 @@ class PoolTrainConfig:
     eval_every: int = 250  # dev within-pool bits per byte
     patience: int = 4  # evaluations without a new best dev value before stopping
     eval_temperature: float = 1.0  # τ of λ at evaluation (§3.2: 1)
+    shuffle_q: bool = False  # the control: Q permuted within each pool (shuffled_q)
     seed: int = 0
 
     def __post_init__(self):
@@ -317,6 +340,8 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     state = init_state(params0, tx)
     lm_EM = train_pool.lm_scores(cfg.lm_score)
     valid_EM = train_pool.branches.doc_mask_NK
+    if cfg.shuffle_q:
+        lm_EM = shuffled_q(lm_EM, valid_EM, cfg.seed)
     q_ids, q_mask = retriever.tokenize_fixed([ex.query for ex in train_examples],
                                              retriever.query_max_length,
                                              retriever.query_truncation)
