@@ -30,16 +30,14 @@ from replug_jax.core.ensemble import (
     doc_responsibility,
     mixture_logprobs,
     retrieval_log_weights,
-    top_n_mixture_bounds,
 )
 from replug_jax.lm.scorer import (
     ENSEMBLE_DECODE,
     NEXT_TOKEN,
     SCORE,
-    TOP_LOGPROBS,
     require,
-    stop_position,
 )
+from replug_jax.lm.stepwise import generate_stepwise
 from replug_jax.prompts import document_budget, document_prompt
 from replug_jax.results import (  # noqa: F401 (the pipeline's result types, re-exported)
     Branches,
@@ -402,8 +400,9 @@ class Replug:
                 text, ids, mix, br, stopped = results[i]
                 outs.append((text, [decode([t]) for t in ids], mix, br, stopped))
         else:
-            outs, approximation = self._generate_stepwise(groups, max_new_tokens,
-                                                          sampling_temperature, top_p, stop, seed)
+            outs, approximation = generate_stepwise(self.lm, groups, self.top_n,
+                                                    max_new_tokens, sampling_temperature,
+                                                    top_p, stop, seed)
         cost = self._cost(call, len(groups))
         final = []
         for prompt, g, (text, toks, mix, br, stopped) in zip(prompts, groups, outs):
@@ -415,66 +414,3 @@ class Replug:
                 np.exp(g.log_weights).tolist(), resp, stopped, approximation,
                 self.settings(mode, k), cost, [source_of(p) for p in g.passages]))
         return final
-
-    def _generate_stepwise(self, groups, max_new_tokens, sampling_temperature, top_p, stop,
-                           seed):
-        """Coordinated decoding through an API: one call per branch per token (the K calls of
-        a step run concurrently; a server with a prompt cache, such as llama.cpp's, re-reads
-        only the new tokens of each branch)."""
-        import jax
-
-        from replug_jax.core.sampling import choose_token
-
-        exact = NEXT_TOKEN in self.lm.capabilities
-        if not exact and TOP_LOGPROBS not in self.lm.capabilities:
-            require(self.lm, TOP_LOGPROBS, "REPLUG generation (the LM exposes neither "
-                    "next-token distributions nor top log-probs: only retrieve-and-prompt, "
-                    "which is not REPLUG)")
-        server = getattr(self.lm, "server", None)
-        top_n = min(self.top_n, server.top_n) if server is not None and server.top_n else \
-            self.top_n
-        rng = jax.random.PRNGKey(seed)
-        outs, widest = [], 0.0
-        for g in groups:
-            text, toks, mix_lps, branch_lps, stopped = "", [], [], [], "length"
-            for _ in range(max_new_tokens):
-                rng, sub = jax.random.split(rng)
-                if exact:
-                    lp_KV = self.lm.next_token_logprobs([p + text for p in g.prompts])
-                    vocab = None
-                    mix_V = np.asarray(mixture_logprobs(lp_KV[None], g.log_weights[None]))[0]
-                else:
-                    tops = self.lm.top_logprobs(g.prompts, top_n, generated=text)
-                    vocab = sorted(set().union(*[t.keys() for t in tops]))
-                    lp_KV = np.array([[t.get(v, -np.inf) for v in vocab] for t in tops],
-                                     np.float32)
-                    lower_V, upper_V = (np.asarray(x) for x in top_n_mixture_bounds(
-                        lp_KV, g.log_weights, distinct=False))  # keyed by text
-                    mix_V = lower_V
-                tok = int(choose_token(mix_V[None], sub, sampling_temperature, top_p)[0])
-                if vocab is not None:
-                    widest = max(widest, float(upper_V[tok] - lower_V[tok]))
-                piece = (self.lm.tokenizer.decode([tok]) if vocab is None else vocab[tok])
-                eos = getattr(self.lm, "eos_token", None)
-                if piece == "" or (eos is not None and piece == eos):
-                    stopped = "eos"
-                    break
-                text += piece
-                toks.append(piece)
-                mix_lps.append(mix_V[tok])
-                branch_lps.append(lp_KV[:, tok])
-                cut = stop_position(text, stop)
-                if cut is not None:
-                    text = text[:cut]
-                    stopped = "stop"
-                    break
-            br = np.stack(branch_lps, axis=1) if branch_lps else np.zeros((len(g.prompts), 0))
-            outs.append((text, toks, np.array(mix_lps, np.float32), br, stopped))
-        approximation = None if exact else (
-            f"approximate ensemble: only the top-{top_n} log-probs per branch are known; each "
-            "token is chosen from the mixture over the union of returned tokens with a token "
-            "missing from a branch's top-n at probability 0 there (a lower bound); the exact "
-            "mixture of every chosen token is at most "
-            f"{widest:.3g} nats above the reported log-prob (a missing text has at most its "
-            "branch's leftover mass)")
-        return outs, approximation

@@ -412,3 +412,27 @@ def test_openai_package_is_a_client_of_replug_serve(served):
     assert content[0].token == lm.tokenizer.decode([best])
     assert content[0].logprob == pytest.approx(float(exact[best]), abs=1e-4)
     assert bytes(content[0].bytes).decode() == content[0].token
+
+
+@pytest.mark.models
+def test_many_prompts_per_scoring_request_where_the_server_takes_lists(served):
+    """The probe finds that `replug serve` scores a list of prompts in one request (the same
+    log-probs as alone); then 6 pairs go as 2 requests of up to 4 prompts, with the scores of
+    one prompt per request. A server that answers a list with one choice is found out."""
+    lm, url = served
+    api = APIScorer.connect(url, model="smollm2", tokenizer="smollm2", max_context=512,
+                            batch_size=4)
+    assert api.server.prompt_lists and ("prompt lists scored in one request", "yes") in [
+        row[:2] for row in api.server.table()]
+    prompts = ["The capital of Germany is", "Water boils at", "One, two,", "The sky is",
+               "Paris is in", "A cat is an"]
+    conts = [" Berlin.", " 100 degrees.", " three.", " blue.", " France.", " animal."]
+    before = api.cost.snapshot()["lm_calls"]
+    batched = api.score_continuations(prompts, conts)
+    assert api.cost.snapshot()["lm_calls"] - before == 2
+    single = APIScorer(url, model="smollm2", scoring="echo").score_continuations(prompts, conts)
+    for a, b in zip(batched, single):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    recorded = APIScorer.connect("http://ours", transport=_replay("replug_serve"))
+    assert not recorded.server.prompt_lists  # one choice for a list: probed, not assumed

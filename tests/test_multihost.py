@@ -176,3 +176,43 @@ def test_two_process_index_build_splits_embedding_and_shards(tmp_path):
     assert two.manifest["corpus_checksum"] == one.manifest["corpus_checksum"]
     assert [s["lo"] for s in two.manifest["shards"]] == [0, 20]
     assert not (tmp_path / "two.partial").exists()
+
+
+def test_every_process_restores_the_newest_step_all_of_them_can_read():
+    """Each process lists the checkpoints it can read; all restore the newest common one."""
+    from replug_jax.train.checkpoint import newest_common
+
+    assert newest_common([[6, 4, 2], [4, 2]]) == [4, 2]  # process 1 cannot read step 6
+    assert newest_common([[6, 4], [6, 2]]) == [6]
+    assert newest_common([[4], [2]]) == []  # nothing in common: a new run, for both
+    assert newest_common([[8, 6]]) == [8, 6]
+
+
+_LSR_STOP = textwrap.dedent("""
+    import dataclasses, pathlib
+    from tests.test_lsr import BASE, make_trainer
+    cfg = dataclasses.replace(BASE, **{overrides!r})
+    make_trainer(pathlib.Path(out), "moved", cfg).run(stop_after=3)
+""")
+
+
+@pytest.mark.slow
+def test_a_two_process_run_resumes_on_one_process(tmp_path):
+    """Killed after 3 steps of two processes (sharded JAX index: embeddings saved per
+    process), resumed by one process: it re-embeds the index version from its parameter
+    snapshot, and finishes with the parameters of a run that never moved."""
+    _need_eight()
+    from tests.test_lsr import BASE, _params, make_trainer
+
+    overrides = {"num_devices": 8, "total_steps": 5, "refresh_every": 2,
+                 "index_backend": "jax", "index_dtype": "float32"}
+    cfg = dataclasses.replace(BASE, **overrides)
+    _run_two(_LSR_STOP, str(tmp_path), overrides=overrides)
+    assert list((tmp_path / "moved" / "index" / "v1").glob("emb.p1of2.npy"))
+    moved = make_trainer(tmp_path, "moved", cfg)
+    moved.run()
+    assert list((tmp_path / "moved" / "index" / "v1").glob("emb.npy"))  # re-embedded
+    straight = make_trainer(tmp_path, "straight", cfg)
+    straight.run()
+    for a, b in zip(_params(moved), _params(straight)):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -75,6 +75,12 @@ def add_api_args(p, timeout: float, retries: int) -> None:
     p.add_argument("--api-retries", type=non_negative_int, default=retries,
                    help="retries of an API request after a 429, a 5xx, a timeout or a failed "
                    f"connection (exponential backoff from 0.5 s; default {retries})")
+    p.add_argument("--api-concurrency", type=positive_int, default=4,
+                   help="requests in flight at once (default 4)")
+    p.add_argument("--api-batch-size", type=positive_int, default=16,
+                   help="prompts per scoring request when the probe finds the server takes "
+                   "a list of prompts (vLLM, replug serve), so it can batch them; one per "
+                   "request otherwise (default 16)")
 
 
 def command(parent, name: str, func, *, help: str, description: str | None = None,

@@ -33,7 +33,9 @@ def make_lm(args):
 
         return APIScorer.connect(args.api_base, model=args.api_model,
                                  tokenizer=args.api_tokenizer, timeout=args.api_timeout,
-                                 endpoint=args.api_endpoint, max_retries=args.api_retries)
+                                 endpoint=args.api_endpoint, max_retries=args.api_retries,
+                                 concurrency=args.api_concurrency,
+                                 batch_size=args.api_batch_size)
     return load_flax_lm(args)
 
 

@@ -48,7 +48,8 @@ def cmd_api_check(args) -> int:
     from replug_jax.lm.api_scorer import APIScorer
 
     api = APIScorer(args.api_base, model=args.api_model, timeout=args.api_timeout,
-                    endpoint=args.api_endpoint, scoring="auto", max_retries=args.api_retries)
+                    endpoint=args.api_endpoint, scoring="auto", max_retries=args.api_retries,
+                    concurrency=args.api_concurrency, batch_size=args.api_batch_size)
     caps = api.probe(top_n=args.top_n)
     rows = caps.table()
     width = max(len(r[0]) for r in rows)

@@ -285,6 +285,7 @@ class ServerCapabilities:
     logprob_shape: str | None = None  # "legacy" or "content"
     conformance: dict | None = None  # {"mean_logprob", "tokens", "passed"} of the scoring path
     cached_prompt_tokens: bool = False  # the server reports reusing cached prompt tokens
+    prompt_lists: bool = False  # scores a list of prompts in one request (vLLM, replug serve)
     notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -324,6 +325,8 @@ class ServerCapabilities:
                                      f"{conf['tokens']} tokens"),
             ("prompt cache reported", _yes(self.cached_prompt_tokens),
              "usage.prompt_tokens_details.cached_tokens"),
+            ("prompt lists scored in one request", _yes(self.prompt_lists),
+             "prompt: [...] (vLLM, replug serve): many pairs per scoring request"),
             ("scoring (LSR, perplexity)", self.scoring or "no", ""),
             ("REPLUG generation", "approximate (top-n)" if self.top_n else "no",
              "exact needs full next-token distributions (replug serve in-process)"),

@@ -76,7 +76,7 @@ class APIScorer:
                  endpoint: str = "completions", timeout: float = 60.0, max_retries: int = 4,
                  backoff: float = 0.5, concurrency: int = 4, scoring: str = "echo",
                  tokenizer: str | None = None, max_context: int | None = None,
-                 transport: httpx.BaseTransport | None = None):
+                 batch_size: int = 16, transport: httpx.BaseTransport | None = None):
         if scoring not in SCORING:
             raise ValueError(f"scoring must be one of {SCORING}, got {scoring!r}")
         if endpoint not in ENDPOINTS:
@@ -89,6 +89,11 @@ class APIScorer:
         self.max_retries = max_retries
         self.backoff = backoff
         self.concurrency = concurrency
+        # prompts per scoring request, once a probe found that the server takes a list
+        # (`prompt: [...]`, as vLLM and `replug serve` do); one per request until then
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.batch_size = batch_size
         self.cost = CostMeter()
         self.cached_tokens = 0  # prompt tokens the server says it reused from its cache
         self.max_context = max_context
@@ -257,6 +262,7 @@ class APIScorer:
                 mean = float(score.logprobs.mean())
                 caps.conformance = {"mean_logprob": mean, "tokens": len(score.logprobs),
                                     "passed": mean > CONFORMANCE_MIN_MEAN}
+                caps.prompt_lists = self._takes_lists((prompt, ", five" + cont), score, path)
                 break
         else:
             caps.notes.append("chat endpoints never return prompt log-probs")
@@ -276,23 +282,66 @@ class APIScorer:
 
     # -- capabilities --------------------------------------------------------------------------
 
+    def _takes_lists(self, pair: tuple[str, str], alone: ContinuationScore, path: str) -> bool:
+        """Whether the server scores a list of prompts in one request, each as it scores it
+        alone (two prompts, the second the conformance text: its choice must come back at
+        index 1 with the same log-probs)."""
+        try:
+            first, second = self._score_batch([("One, two", ", three"), pair], path)
+        except (APIRefusedError, APIResponseError) as err:
+            if isinstance(err, APIProtocolError):
+                raise
+            return False
+        return (len(second.logprobs) == len(alone.logprobs)
+                and bool(np.allclose(second.logprobs, alone.logprobs, atol=1e-3)))
+
     def _score_one(self, pair: tuple[str, str], path: str | None = None) -> ContinuationScore:
+        return self._score_batch([pair], path)[0]
+
+    def _score_batch(self, pairs: Sequence[tuple[str, str]], path: str | None = None
+                     ) -> list[ContinuationScore]:
+        """Each pair scored, all of them in one request (``prompt`` a list when several)."""
+        texts = [p + c for p, c in pairs]
+        path = path or self.scoring
+        prompt = texts[0] if len(texts) == 1 else texts
+        if path == "echo":
+            body = self._post({"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0,
+                               "temperature": 0}, route="/v1/completions")
+        elif path == "prompt_logprobs":
+            body = self._post({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0,
+                               "temperature": 0}, route="/v1/completions")
+        else:
+            raise APICapabilityError(self.server.refusal("scoring") if self.server else
+                                     f"{self.base_url}: no scoring path (scoring={path!r})")
+        choices = self._choices(body, len(texts))
+        return [self._parse_score(pair, choice, path) for pair, choice in zip(pairs, choices)]
+
+    def _choices(self, body: dict, n: int) -> list[dict]:
+        """The ``n`` choices of a response, in prompt order (by their ``index``)."""
+        if n == 1:
+            return [self._choice(body)]
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not isinstance(choices, list) or len(choices) != n or not all(
+                isinstance(c, dict) for c in choices):
+            raise APIResponseError(f"{n} prompts in one request gave "
+                                   f"{len(choices) if isinstance(choices, list) else 'no'} "
+                                   "choices: the server does not score prompt lists")
+        order = sorted(range(n), key=lambda i: choices[i].get("index", i))
+        if sorted(choices[i].get("index", i) for i in order) != list(range(n)):
+            raise APIResponseError("choices of a prompt list do not carry the indices 0..n-1")
+        return [choices[i] for i in order]
+
+    def _parse_score(self, pair: tuple[str, str], choice: dict, path: str
+                     ) -> ContinuationScore:
         prompt, continuation = pair
         text = prompt + continuation
-        path = path or self.scoring
         if path == "echo":
-            choice = self._choice(self._post({"prompt": text, "max_tokens": 0, "echo": True,
-                                              "logprobs": 0, "temperature": 0},
-                                             route="/v1/completions"))
             try:
                 block = parse_logprobs(choice.get("logprobs"))
             except APIResponseError as err:
                 raise APIResponseError(f"{err}; the server does not support echo scoring") \
                     from None
-        elif path == "prompt_logprobs":
-            choice = self._choice(self._post({"prompt": text, "max_tokens": 1,
-                                              "prompt_logprobs": 0, "temperature": 0},
-                                             route="/v1/completions"))
+        else:
             block = parse_prompt_logprobs(choice.get("prompt_logprobs"))
             missing = len(text) - len("".join(block.tokens))
             if block.tokens and block.logprobs[0] is None and missing > 0 and \
@@ -301,9 +350,6 @@ class APIScorer:
                 # others leave of the text
                 block.tokens[0] = text[:len(text) - len("".join(block.tokens[1:]))]
                 block.offsets = [0] + [o + missing for o in block.offsets[1:]]
-        else:
-            raise APICapabilityError(self.server.refusal("scoring") if self.server else
-                                     f"{self.base_url}: no scoring path (scoring={path!r})")
         tokens, logprobs = block.tokens, block.logprobs
         n = len(tokens)
         if n == 0:
@@ -322,7 +368,12 @@ class APIScorer:
 
     def score_continuations(self, prompts: Sequence[str], continuations: Sequence[str]
                             ) -> list[ContinuationScore]:
-        return self._map(self._score_one, list(zip(prompts, continuations)))
+        """Every pair scored, ``batch_size`` prompts per request when the probe found the
+        server takes lists (one per request otherwise), ``concurrency`` requests in flight."""
+        pairs = list(zip(prompts, continuations))
+        per = self.batch_size if self.server is not None and self.server.prompt_lists else 1
+        batches = [pairs[i:i + per] for i in range(0, len(pairs), per)]
+        return [score for batch in self._map(self._score_batch, batches) for score in batch]
 
     def _top_one(self, args: tuple[str, str, int]) -> dict[str, float]:
         prompt, generated, n = args

@@ -32,7 +32,9 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
             from replug_jax.lm.scorer import SCORE, require
 
             lm = APIScorer.connect(cfg.lm_api_base, model=cfg.lm,
-                                   max_context=cfg.lm_max_context)
+                                   max_context=cfg.lm_max_context,
+                                   concurrency=cfg.lm_api_concurrency,
+                                   batch_size=cfg.lm_api_batch_size)
             require(lm, SCORE, "LSR supervision")  # one line when the server cannot score
         else:
             import jax

@@ -29,6 +29,10 @@ class LSRConfig:
     retriever: str = "facebook/contriever"  # paper: Contriever
     lm: str = DEFAULT_LM  # paper: GPT-3 Curie (any LMScorer works; an API via lm_api_base)
     lm_api_base: str | None = None
+    # a served LM: requests in flight, and prompts per scoring request where the server
+    # takes a list (probed: vLLM and `replug serve` do)
+    lm_api_concurrency: int = 4
+    lm_api_batch_size: int = 16
     # the in-process LM: "auto" = bfloat16 on accelerators, float32 on CPU; a mesh such as
     # "model=8" or "data=2,model=4" shards it over the devices (every process's)
     lm_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -101,6 +105,8 @@ class LSRConfig:
             (0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)"),
             (self.batch_size > 0, "batch_size must be positive"),
             (self.lm_max_context > 0, "lm_max_context must be positive"),
+            (self.lm_api_concurrency > 0 and self.lm_api_batch_size > 0,
+             "lm_api_concurrency and lm_api_batch_size must be positive"),
             (self.prescore_pool >= 0 and self.dev_examples >= 0,
              "prescore_pool and dev_examples must be >= 0"),
             (self.total_steps > 0, "total_steps must be positive"),
@@ -146,7 +152,8 @@ class LSRConfig:
 
     def fingerprint(self, ignore=("total_steps", "eval_every", "checkpoint_every",
                                   "keep_checkpoints", "remat", "prescore_pool",
-                                  "dev_examples", "lm_mesh")) -> str:
+                                  "dev_examples", "lm_mesh", "lm_api_concurrency",
+                                  "lm_api_batch_size")) -> str:
         """A hash of everything that changes the training trajectory (not where the LM runs:
         a sharded LM scores as one device does)."""
         d = {k: v for k, v in self.to_json().items() if k not in ignore}

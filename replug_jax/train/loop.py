@@ -168,7 +168,8 @@ class LSRTrainer:
         meta = {"step": step, "index_version": self.index_version,
                 "pending": None if pending is None else {
                     "version": pending.version, "start_step": pending.start_step},
-                "config_fingerprint": self.cfg.fingerprint()}
+                "config_fingerprint": self.cfg.fingerprint(),
+                "process_count": self.pcount}
         self.checkpoints.save(step, self.state, meta)
 
     def restore(self) -> tuple[int, dict | None]:

@@ -95,7 +95,9 @@ class IndexRefresher:
         embeddings kept as ``emb.npy`` and placed on the mesh as a sharded array. With
         ``params=None`` only what is saved is loaded."""
         out = self.version_dir(version) / "index"
-        suffix = "" if self.pcount == 1 else f".p{self.pid}"
+        # per-process embeddings are named by the process count too: a resume on another
+        # count re-embeds instead of reading rows that are not its own
+        suffix = "" if self.pcount == 1 else f".p{self.pid}of{self.pcount}"
         emb_path = self.version_dir(version) / f"emb{suffix}.npy"
         encoder = dict(self.retriever.identity, params_version=version)
         if params is None and not (out.exists() or emb_path.exists()):
@@ -135,7 +137,10 @@ class IndexRefresher:
             self.index = self.build(0, self.snapshot(0))
             return
         self.version = meta["index_version"]
-        self.index = self.build(self.version, None)  # loads what is saved
+        if meta.get("process_count", self.pcount) == self.pcount:
+            self.index = self.build(self.version, None)  # loads what is saved
+        else:  # saved per process by another count: re-embedded from the version's snapshot
+            self.index = self.build(self.version, self.load_snapshot(self.version, params))
         if meta.get("pending"):
             p = meta["pending"]
             self.start(p["version"], p["start_step"], self.load_snapshot(p["version"], params))
