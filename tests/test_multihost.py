@@ -214,5 +214,8 @@ def test_a_two_process_run_resumes_on_one_process(tmp_path):
     assert list((tmp_path / "moved" / "index" / "v1").glob("emb.npy"))  # re-embedded
     straight = make_trainer(tmp_path, "straight", cfg)
     straight.run()
-    for a, b in zip(_params(moved), _params(straight)):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    flat = jax.tree_util.tree_flatten_with_path(jax.device_get(straight.state.params))[0]
+    for (path, b), a in zip(flat, _params(moved)):
+        if "['key']['bias']" in jax.tree_util.keystr(path):  # zero true gradient: noise
+            continue  # (see test_lsr.test_eight_devices_equal_one)
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=jax.tree_util.keystr(path))
