@@ -272,9 +272,13 @@ def leakage_exclusions(items: Sequence, passages: Iterable[Passage],
     hand the LM its own target."""
     if policy not in LEAKAGE:
         raise ValueError(f"leakage must be one of {LEAKAGE}, got {policy!r}")
+    # one pass over the passages (a stream from a store is fine), keeping only those of the
+    # items' own sources: memory grows with the items, not the corpus
+    wanted = {item.source_id for item in items} if policy != "none" else set()
     by_source: dict[str, list[Passage]] = {}
-    for p in passages:
-        by_source.setdefault(p.source_id, []).append(p)
+    for p in passages if wanted else ():
+        if p.source_id in wanted:
+            by_source.setdefault(p.source_id, []).append(p)
     out = []
     for item in items:
         same = by_source.get(item.source_id, []) if policy != "none" else []

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from replug_jax.fileio import atomic_path, write_json_atomic
-from replug_jax.retrieval.corpus import CorpusError, Passage, PassageHasher
+from replug_jax.retrieval.corpus import CorpusError, Passage, PassageHasher, corpus_text
 
 STORE_FORMAT = 1
 # Field order = Passage's, so rows construct positionally.
@@ -240,3 +240,26 @@ class PassageStore:
             for values in zip(*cols):
                 yield Passage(*values)
             r += j - i
+
+
+class PassageTexts(Sequence[str]):
+    """The texts the retriever embeds (:func:`corpus_text`) of rows ``lo..hi-1`` of a store,
+    read a slice at a time: what an index refresh encodes, without the corpus in memory."""
+
+    def __init__(self, store: PassageStore, lo: int = 0, hi: int | None = None):
+        self.store, self.lo = store, lo
+        self.hi = len(store) if hi is None else hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                raise ValueError("PassageTexts slices must be contiguous")
+            return [corpus_text(p) for p in self.store.slice(self.lo + a, self.lo + b)]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return corpus_text(self.store.row(self.lo + i % len(self)))
+

@@ -6,12 +6,21 @@ import pathlib
 
 from replug_jax.retrieval.corpus import Passage, chunk_documents, read_documents
 from replug_jax.retrieval.encoder import Retriever
+from replug_jax.retrieval.store import PassageStore
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import lm_examples, qa_examples, read_demonstrations
 from replug_jax.train.loop import LSRTrainer
 
 
-def load_passages(cfg: LSRConfig, tokenizer=None) -> list[Passage]:
+def load_passages(cfg: LSRConfig, tokenizer=None) -> list[Passage] | PassageStore:
+    """The retrieval corpus: a passage store an index build wrote (``passages.arrow``, or the
+    index folder holding it: memory-mapped, never read whole), else the corpus file chunked
+    by the config."""
+    path = pathlib.Path(cfg.corpus)
+    if path.is_dir() and (path / "passages.arrow").exists():
+        path = path / "passages.arrow"
+    if path.suffix == ".arrow":
+        return PassageStore.open(path)
     docs = read_documents(cfg.corpus)
     if cfg.chunk_size <= 0:  # every document is one passage, id = its position
         return [Passage(i, d.text, d.title, d.id, 0, len(d.text)) for i, d in enumerate(docs)]

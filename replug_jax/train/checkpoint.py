@@ -56,7 +56,15 @@ class Checkpoints:
                 raise ValueError(f"{self.directory}: no checkpoint at step {step} "
                                  f"(saved: {sorted(steps)})")
             steps = [step]
-        steps = newest_common(_gather_steps([s for s in steps if self._meta_readable(s)]))
+        agreed = newest_common(_gather_steps([s for s in steps if self._meta_readable(s)]))
+        for s in steps:  # the newer ones a process cannot read are skipped, saying so
+            if agreed and s <= agreed[0]:
+                break
+            warnings.warn(f"checkpoint at step {s} in {self.directory} is unreadable (its "
+                          "metadata does not parse here or on another process); "
+                          + (f"falling back to step {agreed[0]}" if agreed
+                             else "starting from scratch"), stacklevel=2)
+        steps = agreed
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         for i, step in enumerate(steps):
             restored, error = None, None

@@ -43,7 +43,9 @@ class LSRConfig:
     data: str = ""  # JSONL: qa {"id","question","answer","gold_doc"?}; lm {"id","text"}
     dev_data: str = ""
     dev_examples: int = 0  # evaluate on the first N dev examples (0 = all)
-    corpus: str = ""  # JSONL/text/parquet retrieval corpus (disjoint from the LM data)
+    # the retrieval corpus (disjoint from the LM data): a JSONL/text/parquet/TSV file chunked
+    # below, or an index folder / its passages.arrow, read by id without loading it
+    corpus: str = ""
     chunk_size: int = 100  # 0: every corpus record is one passage
     chunk_unit: Literal["words", "tokens"] = "words"  # tokens: the LM's tokenizer (§5.2: 128)
     # lm task: passages of an example's own document that overlap its window ("window"), all

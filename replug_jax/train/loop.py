@@ -84,9 +84,12 @@ class LSRTrainer:
     """Runs REPLUG LSR in ``workdir``, resuming automatically from its latest checkpoint."""
 
     def __init__(self, cfg: LSRConfig, workdir: str | pathlib.Path, *, retriever: Retriever,
-                 lm_scorer, passages: list[Passage], train: list[Example],
+                 lm_scorer, passages: list[Passage] | PassageStore, train: list[Example],
                  dev: list[Example] = (), progress: bool = True):
-        if not passages:
+        """``passages``: the retrieval corpus, a list or (at scale) the memory-mapped passage
+        store an index build writes (``PassageStore.open(idx / "passages.arrow")``): the
+        trainer reads passages by id from it and never holds the corpus."""
+        if not len(passages):
             raise ValueError("the retrieval corpus is empty")
         if not train:
             raise ValueError("no training examples")
@@ -95,14 +98,14 @@ class LSRTrainer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.retriever = retriever
         self.lm = lm_scorer
-        self.passages = passages
-        self.store = PassageStore.from_passages(passages)
-        self.by_id = {p.id: p for p in passages}
+        self.store = (passages if isinstance(passages, PassageStore)
+                      else PassageStore.from_passages(passages))
+        self.by_id = self.store  # passages by id, read from the store when asked for
         self.train, self.dev = list(train), list(dev)
         # The leakage filter: passages an example must never retrieve (its own window).
         spanned = [e for e in self.train + self.dev if e.span is not None]
         self.exclusions = {e.id: ex for e, ex in zip(
-            spanned, leakage_exclusions(spanned, passages, cfg.leakage)) if ex}
+            spanned, leakage_exclusions(spanned, self.store, cfg.leakage)) if ex}
         self.progress = progress
         self.mesh = make_mesh(cfg.num_devices or None)
         if cfg.batch_size % self.mesh.devices.size:
@@ -124,9 +127,9 @@ class LSRTrainer:
         self.cache = LMScoreCache(self.workdir / cache_name,
                                   f"{getattr(lm_scorer, 'name', cfg.lm)}|{cfg.separator!r}")
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", cfg.keep_checkpoints)
-        self.refresher = IndexRefresher(self.workdir, cfg, retriever, passages, self.store,
-                                        self.mesh, lambda: host_copy(self.state.params),
-                                        self.pid, self.pcount)
+        self.refresher = IndexRefresher(self.workdir, cfg, retriever, self.store, self.mesh,
+                                        lambda: host_copy(self.state.params), self.pid,
+                                        self.pcount)
         self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
         self.hooks: list[Hook] = []
 
@@ -369,14 +372,15 @@ class LSRTrainer:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def evaluate(self, examples: list[Example], k: int | None = None) -> dict:
-        """Recall@1/5/k of gold passages (when known) and P_R–Q agreement on ``examples``,
-        searching a fresh index of the current parameters."""
+        """Recall@1/5/k of gold passages (when known) and P_R–Q agreement on ``examples``:
+        the current parameters' queries searched in the index in use (before the first step,
+        the index of those parameters; after the last, that of the last refresh, as training
+        retrieved), never a re-embedded copy of the corpus."""
         k = k or self.cfg.k
         params = host_copy(self.state.params)
-        emb = self.retriever.encode([corpus_text(p) for p in self.passages], params=params)
-        index = Index.build(emb, self.store)
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
-        hits = _quietly(index.search, queries, max(k, 5), self._excluded(examples))  # recall@5
+        hits = _quietly(self.index.search, queries, max(k, 5),
+                        self._excluded(examples))  # recall@5
         out = {"examples": len(examples)}
         gold = [e.gold_doc for e in examples]
         if all(g is not None for g in gold):

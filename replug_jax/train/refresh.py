@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from replug_jax.fileio import atomic_path
-from replug_jax.retrieval.index import DeviceIndex, Index, corpus_rows, corpus_text
+from replug_jax.retrieval.index import DeviceIndex, Index, corpus_rows
+from replug_jax.retrieval.store import PassageStore, PassageTexts
 
 
 @dataclasses.dataclass
@@ -58,11 +59,11 @@ class IndexRefresher:
     ``params_now()`` returns the current parameters on the host (what a refresh snapshots).
     """
 
-    def __init__(self, workdir: pathlib.Path, cfg, retriever, passages, store, mesh,
+    def __init__(self, workdir: pathlib.Path, cfg, retriever, store: PassageStore, mesh,
                  params_now: Callable[[], dict], process_index: int = 0,
                  process_count: int = 1):
         self.workdir, self.cfg, self.retriever = workdir, cfg, retriever
-        self.passages, self.store, self.mesh = passages, store, mesh
+        self.store, self.mesh = store, mesh
         self.params_now = params_now
         self.pid, self.pcount = process_index, process_count
         self.index: Index | DeviceIndex | None = None
@@ -107,11 +108,10 @@ class IndexRefresher:
             emb_path.name + ".progress.json").exists()
         if self.cfg.index_backend == "jax":
             # each process embeds only the corpus rows its devices hold
-            rows = corpus_rows(len(self.passages), self.mesh)
+            rows = corpus_rows(len(self.store), self.mesh)
             if not done:
-                self.retriever.encode_to_file(
-                    [corpus_text(p) for p in self.passages[rows]], emb_path, params=params,
-                    progress=False)
+                self.retriever.encode_to_file(PassageTexts(self.store, rows.start, rows.stop),
+                                              emb_path, params=params, progress=False)
             return DeviceIndex(np.load(emb_path), self.store, self.mesh, local=True,
                                dtype=None if self.cfg.index_dtype == "auto" else
                                jnp.dtype(self.cfg.index_dtype), encoder=encoder)
@@ -119,8 +119,8 @@ class IndexRefresher:
             return Index.load(out)
         except ValueError:
             pass
-        emb = self.retriever.encode_to_file(
-            [corpus_text(p) for p in self.passages], emb_path, params=params, progress=False)
+        emb = self.retriever.encode_to_file(PassageTexts(self.store), emb_path, params=params,
+                                            progress=False)
         index = Index.build(np.asarray(emb), self.store, factory=self.cfg.index_factory,
                             encoder=encoder)
         if self.pid == 0:  # every process holds the same index; one writes it
