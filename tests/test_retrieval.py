@@ -258,3 +258,52 @@ def test_an_experiment_index_equals_the_cli_index_over_the_same_passages(tmp_pat
                                atol=1e-6)
     bare = minilm.encode_passages([p.text for p in passages])
     assert np.abs(bare - in_memory.reconstruct_all()).max() > 1e-2  # the title matters
+
+
+def test_parameters_are_placed_once_per_refresh_not_once_per_batch(monkeypatch, tmp_path):
+    """A refresh encodes the corpus in many batches and blocks with one parameter snapshot:
+    the snapshot goes to the devices once (it used to be uploaded with every batch), and the
+    embeddings equal those of the loaded weights when the snapshot is those weights."""
+    import jax
+
+    from tests._models import tiny_retriever
+
+    retriever = tiny_retriever(0)
+    snapshot = jax.tree.map(np.asarray, retriever.params)  # host arrays, as refreshes hold
+    placed = []
+    real = jax.device_put
+
+    def spy(x, *args, **kwargs):
+        if x is snapshot:
+            placed.append(1)
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(jax, "device_put", spy)
+    texts = [f"passage number {i} about rivers" for i in range(50)]  # 7 batches of 8
+    emb = retriever.encode_to_file(texts, tmp_path / "emb.npy", block_size=16,
+                                   params=snapshot, progress=False)  # 4 blocks
+    assert len(placed) == 1
+    np.testing.assert_allclose(emb, retriever.encode(texts), atol=1e-5)
+
+
+def test_gzipped_corpora_stream_and_a_cut_one_is_one_error(tmp_path):
+    """`.jsonl.gz`, `.tsv.gz` and `.txt.gz` read as their plain forms (the Wikipedia sample
+    ships gzipped); a truncated stream is a CorpusError naming the file."""
+    import gzip
+
+    from replug_jax.retrieval.corpus import CorpusError
+
+    rows = [{"id": "a", "text": "alpha beta", "title": "A"}, {"id": "b", "text": "gamma"}]
+    body = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(body))
+    docs = read_documents(tmp_path / "c.jsonl.gz")
+    assert [(d.id, d.text, d.title) for d in docs] == [("a", "alpha beta", "A"),
+                                                        ("b", "gamma", "")]
+    (tmp_path / "c.tsv.gz").write_bytes(gzip.compress(b"id\ttext\ttitle\n7\tdelta\tD\n"))
+    assert [(d.id, d.title) for d in read_documents(tmp_path / "c.tsv.gz")] == [("7", "D")]
+    (tmp_path / "c.txt.gz").write_bytes(gzip.compress(b"one\n\ntwo\n"))
+    assert [d.text for d in read_documents(tmp_path / "c.txt.gz")] == ["one", "two"]
+    cut = gzip.compress(body * 200)
+    (tmp_path / "cut.jsonl.gz").write_bytes(cut[: len(cut) // 2])
+    with pytest.raises(CorpusError, match="cut.jsonl.gz.*unreadable compressed stream"):
+        read_documents(tmp_path / "cut.jsonl.gz")

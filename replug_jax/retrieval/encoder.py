@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import threading
 import warnings
 from typing import Callable, Sequence
 
@@ -85,6 +86,10 @@ class Retriever:
         self.buckets = tuple(b for b in BUCKETS if b < longest) + (longest,)
         self.truncated = 0  # texts cut to max_length since creation
         self._replicated = None  # the loaded weights on every device of the mesh
+        # other parameters (a refresh's snapshot, a training state) placed on the devices
+        # once per parameter object, not once per batch or block: (params, placed) pairs
+        self._placed: list[tuple[object, object]] = []
+        self._placed_lock = threading.Lock()
         graphdef, template, self.params = split_params(model.encoder)
         self.normalize = normalize = embeds_normalized(similarity, model.normalize)
         pooling = model.pooling
@@ -177,7 +182,7 @@ class Retriever:
         ``params`` (a nested dict like :attr:`params`) overrides the loaded weights, e.g. to
         embed with a training snapshot. ``on_batch(rows)`` is called after every batch (for
         progress bars)."""
-        state = self.params if params is None else params
+        state = self.params if params is None else self._on_devices(params)
         if self.mesh is not None:
             rows_sharding = jax.sharding.NamedSharding(self.mesh,
                                                        jax.sharding.PartitionSpec("data"))
@@ -186,8 +191,6 @@ class Retriever:
                 if self._replicated is None:
                     self._replicated = jax.device_put(state, everywhere)
                 state = self._replicated
-            else:
-                state = jax.device_put(state, everywhere)
         out = np.zeros((len(ids), self.dim), np.float32)
         order = np.argsort([len(s) for s in ids], kind="stable")
         pad = self.model.config.pad_token_id
@@ -209,6 +212,21 @@ class Retriever:
             if on_batch is not None:
                 on_batch(len(rows))
         return out
+
+    def _on_devices(self, params):
+        """``params`` on the encoding devices (replicated over the mesh, or the default
+        device), placed once per parameter object: a refresh's thousands of batches reuse
+        one copy instead of uploading the weights with each. The two most recent objects are
+        kept (a background refresh and the training step's queries alternate)."""
+        with self._placed_lock:
+            for held, placed in self._placed:
+                if held is params:
+                    return placed
+            target = (jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+                      if self.mesh is not None else jax.devices()[0])
+            placed = jax.device_put(params, target)
+            self._placed = [(params, placed)] + self._placed[:1]
+            return placed
 
     def encode(self, texts: Sequence[str], params=None,
                on_batch: Callable[[int], None] | None = None) -> np.ndarray:
