@@ -446,3 +446,32 @@ def test_one_config_loader_for_training_and_experiments(tmp_path):
     assert lsr.learning_rate == 1e-3 and lsr.remat is True
     with pytest.raises(ConfigError, match="k expects an integer"):
         load_config("experiments/configs/lsr_nq.py:tiny", ["k=4.5"])
+
+
+def test_prefetched_lm_scoring_gives_the_synchronous_run(tmp_path, monkeypatch):
+    """With the next step's pairs predicted and scored while the current step trains, the
+    run's parameters, losses and per-step counts of newly scored pairs are those of scoring
+    every pair inside its step; and most of the pairs were in fact scored ahead."""
+    from replug_jax.train import prefetch
+
+    cfg = dataclasses.replace(BASE, total_steps=5, refresh_every=2)
+    sync = make_trainer(tmp_path, "sync", dataclasses.replace(cfg, lm_prefetch=False))
+    sync.run()
+    ahead_scored = []
+    real = prefetch.Prefetcher.wait
+
+    def spy(self, step):
+        got = real(self, step)
+        if step is not None:
+            ahead_scored.append(len(got))
+        return got
+
+    monkeypatch.setattr(prefetch.Prefetcher, "wait", spy)
+    fast = make_trainer(tmp_path, "fast", cfg)
+    fast.run()
+    for a, b in zip(_params(fast), _params(sync)):
+        np.testing.assert_array_equal(a, b)
+    log_s, log_f = _log(sync), _log(fast)
+    assert [r["loss"] for r in log_f] == [r["loss"] for r in log_s]
+    assert [r["lm_new_pairs"] for r in log_f] == [r["lm_new_pairs"] for r in log_s]
+    assert sum(ahead_scored) > 0  # steps 1..4 found pairs scored ahead of them

@@ -33,6 +33,9 @@ class LSRConfig:
     # takes a list (probed: vLLM and `replug serve` do)
     lm_api_concurrency: int = 4
     lm_api_batch_size: int = 16
+    # score the next step's predicted pairs while the current step trains (same scores and
+    # updates; train/prefetch.py)
+    lm_prefetch: bool = True
     # the in-process LM: "auto" = bfloat16 on accelerators, float32 on CPU; a mesh such as
     # "model=8" or "data=2,model=4" shards it over the devices (every process's)
     lm_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -116,6 +119,8 @@ class LSRConfig:
             (self.checkpoint_every > 0, "checkpoint_every must be positive"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be positive"),
             (isinstance(self.remat, bool), f"remat must be true or false, got {self.remat!r}"),
+            (isinstance(self.lm_prefetch, bool),
+             f"lm_prefetch must be true or false, got {self.lm_prefetch!r}"),
             (self.refresh_lag < self.refresh_every,
              f"refresh_lag ({self.refresh_lag}) must be smaller than refresh_every "
              f"({self.refresh_every}): a longer lag would silently skip refreshes"),
@@ -155,7 +160,7 @@ class LSRConfig:
     def fingerprint(self, ignore=("total_steps", "eval_every", "checkpoint_every",
                                   "keep_checkpoints", "remat", "prescore_pool",
                                   "dev_examples", "lm_mesh", "lm_api_concurrency",
-                                  "lm_api_batch_size")) -> str:
+                                  "lm_api_batch_size", "lm_prefetch")) -> str:
         """A hash of everything that changes the training trajectory (not where the LM runs:
         a sharded LM scores as one device does)."""
         d = {k: v for k, v in self.to_json().items() if k not in ignore}

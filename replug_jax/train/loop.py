@@ -35,6 +35,7 @@ from replug_jax.sharding import host_copy, local_rows, make_mesh, replicate, sha
 from replug_jax.train.checkpoint import Checkpoints
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import Example, batch_indices
+from replug_jax.train.prefetch import Prefetcher
 from replug_jax.models.params import split_params, to_module
 from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
 from replug_jax.train.refresh import IndexRefresher
@@ -132,6 +133,8 @@ class LSRTrainer:
                                         self.pcount)
         self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
         self.hooks: list[Hook] = []
+        self.prefetcher = Prefetcher(self)
+        self._end = 0  # the step this run stops at (no prefetch beyond it)
 
     def add_hook(self, fn: Callable[[int, dict], None], every: int = 1,
                  at_end: bool = False) -> None:
@@ -201,8 +204,13 @@ class LSRTrainer:
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
         hits = _quietly(self._search, queries, cfg.k, [self.train[i] for i in idx])
         t0 = time.perf_counter()
-        scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
-                                cfg.separator, cfg.lm_score)
+        prefetched = self.prefetcher.wait(step)  # what it scored ahead for this step
+        with self.prefetcher.lm_lock:
+            scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
+                                    cfg.separator, cfg.lm_score)
+        # pairs newly scored for this step, here or ahead of it: the same count either way
+        new += len(prefetched & {(e.id, int(d)) for e, row in zip(examples, hits.ids)
+                                 for d in row if d >= 0})
         lm_seconds = time.perf_counter() - t0
         q_ids, q_mask = _quietly(self._tokenize, [e.query for e in examples],
                                  cfg.query_max_length, self.retriever.query_truncation)
@@ -224,6 +232,12 @@ class LSRTrainer:
                 "gold_in_topk": float(np.mean(found))
                 if all(g is not None for g in gold) else None}
         return batch, info
+
+    def score_pairs(self, examples: list[Example], doc_ids_BK: np.ndarray) -> None:
+        """Score into the cache the (example, document) pairs it lacks (a prefetch: the
+        cache's hit and miss counts are the steps' own)."""
+        lm_scores(examples, doc_ids_BK, self.by_id, self.lm, self.cache, self.cfg.separator,
+                  self.cfg.lm_score, count=False)
 
     def _excluded(self, examples: list[Example]) -> list[list[int]]:
         return [self.exclusions.get(e.id, []) for e in examples]
@@ -260,6 +274,8 @@ class LSRTrainer:
         refresh_wait = self.refresher.step(step)
         self.versions_used[step] = self.index_version
         batch, info = self._batch(step)
+        if step + 1 < self._end and self.prefetcher.enabled():
+            self.prefetcher.start(step + 1, self.state.params)  # before the step donates them
         self.state, metrics = self.train_step(self.state, shard_batch(batch, self.mesh))
         record = {"step": step, **{k: float(v) for k, v in host_copy(metrics).items()},
                   "index_version": self.index_version,
@@ -294,7 +310,7 @@ class LSRTrainer:
         cfg = self.cfg
         start, meta = self.restore()
         self.refresher.resume(meta, self.state.params)
-        end = end_step(cfg, start, stop_after)
+        end = self._end = end_step(cfg, start, stop_after)
         if cfg.prescore_pool and start < end:
             self.prescore(start, end)
         if self.dev and "initial" not in self._dev_metrics():
@@ -324,6 +340,7 @@ class LSRTrainer:
                         if hook.due(step + 1, end):
                             hook.fn(step, last)
             finally:
+                self.prefetcher.wait(None)  # nothing runs past the last step
                 if writer is not None:
                     writer.close()
         result = {"step": end, "last": last, "lm_cache_hits": self.cache.hits,

@@ -72,15 +72,17 @@ def branch_prompts(examples, passages, scorer, separator: str = "\n\n") -> list[
 
 def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
               cache: LMScoreCache, separator: str = "\n\n", reduction: str = "mean",
-              chunk: int = 64) -> tuple[np.ndarray, int]:
+              chunk: int = 64, count: bool = True) -> tuple[np.ndarray, int]:
     """``[B, K]`` LM scores of each example's continuation given ``d ∘ x`` (0 for padding
     documents, id -1), and the number of (example, document) pairs newly scored. Documents
-    longer than the LM context allows are cut from the end (:func:`fit_document`)."""
+    longer than the LM context allows are cut from the end (:func:`fit_document`).
+    ``count=False``: leave the cache's hit and miss counts alone (a prefetch)."""
     keys = [(ex.id, int(d)) for ex, row in zip(examples, doc_ids_BK) for d in row if d >= 0]
     known = cache.get_many(keys)
     missing = sorted(set(keys) - set(known))
-    cache.hits += len(keys) - len(missing)
-    cache.misses += len(missing)
+    if count:
+        cache.hits += len(keys) - len(missing)
+        cache.misses += len(missing)
     by_id = {ex.id: ex for ex in examples}
     for start in range(0, len(missing), chunk):  # stored chunk by chunk: a kill loses little
         part = missing[start:start + chunk]
