@@ -3,8 +3,10 @@ synchronous step, measured in one run on the same data: the packaged MiniLM retr
 packaged SmolLM2 as the frozen LM, the Python-docs demo corpus, batch 8 x k 4, a fresh
 LM-score cache for each, so every pair is scored once either way.
 
-Reports the mean seconds per step (after two warm-up steps), the ratio, the share of each
-step's pairs scored ahead of it, and whether the two runs end with identical parameters.
+Reports the mean seconds per step (after two warm-up steps), the ratio, and how far apart the
+two runs end: the LM scores a pair in another batch when it is prefetched (other padding and
+shared-prefix groups), which moves its score by float rounding only, so the losses and
+parameters agree to rounding, not bit for bit.
 
 Usage: ``python -m benches.bench_lsr_prefetch [--steps 12]``.
 """
@@ -59,19 +61,22 @@ def main(argv=None):
                    .splitlines()]
             secs = [r["step_seconds"] for r in log[2:]]
             out[name] = {"step_seconds_mean": float(np.mean(secs)),
+                         "losses": [r["loss"] for r in log],
                          "lm_seconds_mean": float(np.mean([r["lm_seconds"] for r in log[2:]])),
                          "new_pairs": [r["lm_new_pairs"] for r in log]}
             finals[name] = jax.tree.leaves(jax.device_get(trainer.state.params))
     out["speedup"] = out["synchronous"]["step_seconds_mean"] / out["prefetched"][
         "step_seconds_mean"]
-    out["identical_parameters"] = all(np.array_equal(a, b) for a, b in
-                                      zip(finals["synchronous"], finals["prefetched"]))
+    out["max_abs_param_diff"] = max(float(np.abs(a - b).max()) for a, b in
+                                    zip(finals["synchronous"], finals["prefetched"]))
+    out["max_abs_loss_diff"] = max(abs(a - b) for a, b in zip(out["synchronous"]["losses"],
+                                                             out["prefetched"]["losses"]))
     rows = [(name, f"{out[name]['step_seconds_mean']:.2f}",
              f"{out[name]['lm_seconds_mean']:.2f}",
              "1.00x" if name == "synchronous" else f"{out['speedup']:.2f}x")
             for name in ("synchronous", "prefetched")]
-    rows.append(("identical parameters after the run", str(out["identical_parameters"]), "",
-                 ""))
+    rows.append(("max |Δ| of the losses / of the parameters after the run",
+                 f"{out['max_abs_loss_diff']:.1e} / {out['max_abs_param_diff']:.1e}", "", ""))
     write("lsr_prefetch", out, rows, ("LSR step", "seconds per step",
                                       "seconds in the step's LM scoring", "ratio"))
 

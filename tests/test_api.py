@@ -422,7 +422,7 @@ def test_many_prompts_per_scoring_request_where_the_server_takes_lists(served):
     lm, url = served
     api = APIScorer.connect(url, model="smollm2", tokenizer="smollm2", max_context=512,
                             batch_size=4)
-    assert api.server.prompt_lists and ("prompt lists scored in one request", "yes") in [
+    assert api.server.prompt_lists and ("prompt lists per request", "yes") in [
         row[:2] for row in api.server.table()]
     prompts = ["The capital of Germany is", "Water boils at", "One, two,", "The sky is",
                "Paris is in", "A cat is an"]

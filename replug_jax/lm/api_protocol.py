@@ -325,7 +325,7 @@ class ServerCapabilities:
                                      f"{conf['tokens']} tokens"),
             ("prompt cache reported", _yes(self.cached_prompt_tokens),
              "usage.prompt_tokens_details.cached_tokens"),
-            ("prompt lists scored in one request", _yes(self.prompt_lists),
+            ("prompt lists per request", _yes(self.prompt_lists),
              "prompt: [...] (vLLM, replug serve): many pairs per scoring request"),
             ("scoring (LSR, perplexity)", self.scoring or "no", ""),
             ("REPLUG generation", "approximate (top-n)" if self.top_n else "no",

@@ -8,9 +8,10 @@ parameters (a copy: the step donates its buffers) and scores the pairs the LM-sc
 lacks, while the device runs step ``s``. Step ``s + 1`` then retrieves with its own parameters
 as always and reads its scores from the cache; the few pairs the prediction missed (one update
 rarely changes a top-k much) are scored in the step. The LM is frozen, so a cached score is
-the score the step would have computed: prefetching changes when scores are paid for, never
-their values (tested: the same parameters as the synchronous path). One step ahead at most
-(a queue of one); the LM is used by one thread at a time.
+the score the step would have computed, up to float rounding: a prefetched pair is scored in
+another batch (other padding and shared-prefix groups). Prefetching changes when scores are
+paid for, not what they are (tested: the parameters of the synchronous path). One step ahead
+at most (a queue of one); the LM is used by one thread at a time.
 
 With a served LM (``lm_api_base``) the prefetch overlaps the server's work with training; with
 an in-process LM on the same devices as the retriever, the two share them.
