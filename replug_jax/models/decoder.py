@@ -155,8 +155,11 @@ class Attention(nnx.Module):
             q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
             k_BLJD = rope(k_BLJD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
         if kv_cache is None and lengths_B is not None and flash_supported(q_BLHD):
-            out_BLHD = flash_attention(q_BLHD, k_BLJD, v_BLJD, lengths_B, "cudnn")
-            return self.o(out_BLHD.reshape(b, length, -1)), None
+            try:  # cuDNN checks its own limits (lengths, layouts) as the call is traced
+                out_BLHD = flash_attention(q_BLHD, k_BLJD, v_BLJD, lengths_B, "cudnn")
+                return self.o(out_BLHD.reshape(b, length, -1)), None
+            except (NotImplementedError, ValueError, RuntimeError):
+                pass  # shapes it does not take: the chunked attention below
         # Head-major layout: every attention matmul is batched over (B, J) with no relayout
         # inside it; the R query heads sharing a KV head are stacked along the rows.
         k_BJLD = k_BLJD.transpose(0, 2, 1, 3)
