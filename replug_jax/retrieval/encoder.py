@@ -223,7 +223,7 @@ class Retriever:
                 if held is params:
                     return placed
             target = (jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-                      if self.mesh is not None else jax.devices()[0])
+                      if self.mesh is not None else jax.local_devices()[0])
             placed = jax.device_put(params, target)
             self._placed = [(params, placed)] + self._placed[:1]
             return placed
