@@ -219,3 +219,23 @@ def test_a_two_process_run_resumes_on_one_process(tmp_path):
         if "['key']['bias']" in jax.tree_util.keystr(path):  # zero true gradient: noise
             continue  # (see test_lsr.test_eight_devices_equal_one)
         np.testing.assert_allclose(a, b, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.slow
+def test_two_processes_with_prefetched_scoring_equal_one_synchronous_process(tmp_path):
+    """Two processes prefetching their next rows' LM scores (FAISS index: a local search per
+    process) train to the parameters of one process scoring every pair in its step."""
+    _need_eight()
+    from tests.test_lsr import BASE, make_trainer
+
+    overrides = {"num_devices": 8, "total_steps": 4, "refresh_every": 2, "lm_prefetch": True}
+    _run_two(_LSR, str(tmp_path), overrides=overrides)
+    one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, **{**overrides,
+                                                                     "lm_prefetch": False}))
+    one.run()
+    two = np.load(tmp_path / "params.npz")
+    for path, a in jax.tree_util.tree_flatten_with_path(jax.device_get(one.state.params))[0]:
+        name = jax.tree_util.keystr(path)
+        if "['key']['bias']" in name:  # zero true gradient: see test_eight_devices_equal_one
+            continue
+        np.testing.assert_allclose(two[name], a, atol=1e-5, err_msg=name)

@@ -26,7 +26,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from replug_jax.sharding import local_rows
+from replug_jax.sharding import host_copy, local_rows
 from replug_jax.train.data import batch_indices
 
 
@@ -41,16 +41,20 @@ class Prefetcher:
         self._step: int | None = None
 
     def enabled(self) -> bool:
-        """On in single-process runs. Several processes prefetching from a worker thread
-        while the main thread runs the step's collectives lost step with each other on CPU
-        (gloo) in the two-process test, so a multi-process run scores in its steps."""
-        return self.trainer.cfg.lm_prefetch and self.trainer.pcount == 1
+        """Off where the prediction's retrieval would be a collective (a JAX index sharded
+        over several processes: a worker thread must not join collectives the main thread
+        runs); with a FAISS index every process predicts its own rows locally."""
+        from replug_jax.retrieval.index import DeviceIndex
+
+        t = self.trainer
+        return t.cfg.lm_prefetch and not (t.pcount > 1 and isinstance(t.index, DeviceIndex))
 
     def start(self, step: int, params) -> None:
         """Predict and score step ``step``'s pairs in the background from ``params`` (the
         parameters the current step retrieved with)."""
         self.wait(None)
-        snapshot = jax.tree.map(jnp.copy, params)
+        snapshot = (jax.tree.map(jnp.copy, params) if self.trainer.pcount == 1
+                    else host_copy(params))  # a process-local copy of the global state
         self._step = step
         self._future = self._pool.submit(self._work, step, snapshot)
 
