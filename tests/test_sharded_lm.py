@@ -317,3 +317,17 @@ def test_two_processes_read_only_their_slices_and_score_as_one_device(llama_dir,
         for a, b in zip(res["logp"], want):
             np.testing.assert_allclose(a, b, atol=1e-5)
         assert res["tokens"] == gen.token_ids
+
+
+def test_sharded_top_logprobs_of_every_position_equal_one_device(llama_dir, one_device):
+    """The serving path's per-position top-n (echo log-probs) on a mesh: a tuple output,
+    replicated for the host like the rest."""
+    _need_eight()
+    lm = FlaxLM.load(str(llama_dir), dtype="float32", mesh=make_mesh(shape={"data": 2,
+                                                                             "model": 4}),
+                     max_context=256)
+    seqs = [[1, 5, 9, 200, 3000], [1, 7, 7]]
+    for (lp_a, top_a), (lp_b, top_b) in zip(lm.positions_top_logprobs(seqs, 3),
+                                            one_device.positions_top_logprobs(seqs, 3)):
+        np.testing.assert_allclose(lp_a, lp_b, atol=1e-5)
+        np.testing.assert_array_equal(top_a, top_b)
