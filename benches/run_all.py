@@ -10,7 +10,9 @@ import importlib
 
 BENCHES = ("bench_models", "bench_inference", "bench_lsr", "bench_encode", "bench_retrieval",
            "bench_sharded_topk", "bench_recall", "bench_datastore", "bench_serve",
-           "bench_first_run", "bench_scoring", "bench_precision")
+           "bench_first_run", "bench_scoring", "bench_precision", "bench_api_scoring",
+           "lm_recipes", "bench_lsr_prefetch", "bench_lsr_memory")
+# bench_sharded_lm runs on its own: it sets 8 simulated CPU devices before JAX first loads
 HAS_QUICK = {"bench_models", "bench_inference", "bench_lsr", "bench_retrieval", "bench_scoring",
              "bench_precision"}
 
