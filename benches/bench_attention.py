@@ -28,7 +28,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    from replug_jax.models.layers import _ACCEL_BLOCK_BYTES, _query_chunked, flash_attention
+    from replug_jax.models.layers import ACCEL_BLOCK_BYTES, _query_chunked, flash_attention
 
     b, length, h, j, d = args.batch, args.context, 32, 8, 128
     rng = np.random.default_rng(0)
@@ -46,7 +46,7 @@ def main(argv=None):
     def chunked(q, k, v, mask):
         q_BJMD = q.reshape(b, length, j, r, d).transpose(0, 2, 3, 1, 4).reshape(b, j, -1, d)
         out = _query_chunked(q_BJMD, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask,
-                             _ACCEL_BLOCK_BYTES)
+                             ACCEL_BLOCK_BYTES)
         return out.reshape(b, j, r, length, d).transpose(0, 3, 1, 2, 4).reshape(b, length, h, d)
 
     a = np.asarray(fused(q, k, v, lengths), np.float32)
@@ -59,7 +59,7 @@ def main(argv=None):
     out = {"backend": jax.default_backend(), "fused_implementation": impl, "batch": b,
            "context": length, "heads": h, "kv_heads": j, "head_dim": d, "seconds": times,
            "fused_speedup": times["chunked"] / times["fused"], "max_abs_diff": err,
-           "chunk_logits_budget_bytes": _ACCEL_BLOCK_BYTES}
+           "chunk_logits_budget_bytes": ACCEL_BLOCK_BYTES}
     rows = [(f"{impl} fused, causal + lengths", f"{times['fused'] * 1e3:.2f}",
              f"{out['fused_speedup']:.2f}x"),
             ("query-chunked fallback", f"{times['chunked'] * 1e3:.2f}", "1.00x"),

@@ -18,7 +18,7 @@ from flax import nnx
 
 from replug_jax.lm.placement import CACHE_AXES
 from replug_jax.models import registry
-from replug_jax.models.layers import _ACCEL_BLOCK_BYTES
+from replug_jax.models.layers import ACCEL_BLOCK_BYTES
 from replug_jax.sharding import DATA, FSDP, MESH_AXES, MODEL, check_heads, logical_spec
 
 GIB = 1 << 30
@@ -67,7 +67,7 @@ def lm_memory(cfg, mesh_shape: dict, dtype: str, *, batch: int, context: int) ->
     vocab_split = _shard_factor(logical_spec(("vocab",), (cfg.vocab_size,), mesh), sizes)
     logits = context * cfg.vocab_size * 4 // vocab_split
     width = max(cfg.hidden_size, cfg.intermediate_size // sizes.get(MODEL, 1))
-    activations = 4 * rows * context * width * itemsize + _ACCEL_BLOCK_BYTES
+    activations = 4 * rows * context * width * itemsize + ACCEL_BLOCK_BYTES
     out = {"mesh": {a: sizes[a] for a in names}, "dtype": jnp.dtype(dtype).name,
            "batch": batch, "context": context, "parameters_total_gib": total / GIB,
            "parameters_gib": params / GIB, "kv_cache_gib": kv / GIB,

@@ -62,6 +62,8 @@ class Placement:
         self.dtype = jnp.dtype(dtype)
         self.precision = matmul_precision(self.dtype)
         self.row_multiple = batch_multiple(mesh)
+        # one compiled program per cache shape (cfg, batch, length are static), not per call
+        self._empty_cache = jax.jit(self._make_cache, static_argnums=(0, 1, 2))
 
     def describe(self) -> dict:
         """What results record about where and how the LM ran."""
@@ -117,9 +119,11 @@ class Placement:
             x, logical_sharding(self.mesh, CACHE_AXES[name], x.shape))
             for name, x in cache.items()}
 
+    def _make_cache(self, cfg, batch: int, length: int) -> dict:
+        return self.constrain_cache(init_cache(cfg, batch, length, self.dtype))
+
     def new_cache(self, cfg, batch: int, length: int) -> dict:
         """An empty KV cache, created in place on the mesh (never whole on one device)."""
-        def make():
-            return self.constrain_cache(init_cache(cfg, batch, length, self.dtype))
-
-        return jax.jit(make)() if self.mesh is not None else make()
+        if self.mesh is None:
+            return self._make_cache(cfg, batch, length)
+        return self._empty_cache(cfg, batch, length)

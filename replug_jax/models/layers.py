@@ -95,7 +95,7 @@ _CPU_BLOCK_BYTES = 4 << 20
 # On an accelerator, where attention is not one fused kernel (TPU, float32 on a GPU, a KV
 # cache), query rows are taken in chunks whose [B, H, chunk, S] float32 logits stay under
 # this: a 4096-token context never builds all of its [B, H, 4096, 4096] logits at once.
-_ACCEL_BLOCK_BYTES = 256 << 20
+ACCEL_BLOCK_BYTES = 256 << 20
 
 
 def flash_supported(q_BLHD) -> bool:
@@ -127,7 +127,7 @@ def attention(q_BHMD, k_BHSD, v_BHSD, mask_BXMS):
     FlashAttention does, instead of saving them); elsewhere in one pass that XLA fuses.
     """
     if jax.default_backend() != "cpu":
-        return _query_chunked(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, _ACCEL_BLOCK_BYTES)
+        return _query_chunked(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, ACCEL_BLOCK_BYTES)
     b, h, m, _ = q_BHMD.shape
     per_row = h * m * k_BHSD.shape[2] * 4
     fits = [n for n in range(2, b + 1) if b % n == 0 and n * per_row <= _CPU_BLOCK_BYTES]

@@ -247,51 +247,43 @@ def load_into(factory, name_map: dict, tensors: dict, *, file: str, dtype=jnp.fl
     for path, var in flat:
         src, transform = name_map[path]
         raw = tensors[src]
-        shape = _transformed_shape(raw, transform, whole, src)
+        by_slices = isinstance(raw, LazyTensor) and isinstance(transform, Transform)
+        # a tensor that cannot be read by blocks is read and transformed once, here
+        full = None if by_slices else transform(_read_whole(raw, whole, src))
+        shape = transform.shape(raw.shape) if by_slices else full.shape
         if tuple(shape) != tuple(var.shape):
-            raise WeightsError(f"{file}: tensor {src!r} has shape {tuple(_shape(raw, whole, src))}"
-                               f", which does not fit {'.'.join(map(str, path))} of shape "
+            source_shape = raw.shape if by_slices else _read_whole(raw, whole, src).shape
+            raise WeightsError(f"{file}: tensor {src!r} has shape {tuple(source_shape)}, "
+                               f"which does not fit {'.'.join(map(str, path))} of shape "
                                f"{tuple(var.shape)}")
         if shardings is None:
-            arr = jnp.asarray(transform(_read_whole(raw, whole, src)), dtype=dtype)
+            arr = jnp.asarray(transform(raw()) if by_slices else full, dtype=dtype)
         else:
-            arr = _sharded(raw, transform, tuple(var.shape), shardings[path], dtype, whole, src)
+            arr = _sharded(raw, transform, full, tuple(var.shape), shardings[path], dtype)
         new_flat.append((path, var.replace(arr)))
     return nnx.merge(graphdef, nnx.from_flat_state(new_flat))
 
 
 def _read_whole(raw, whole: dict, src: str) -> np.ndarray:
-    if isinstance(raw, LazyTensor):  # read for one parameter, not kept
+    """A non-lazy source tensor as an array, kept for the other parameters it feeds (GPT-2's
+    fused c_attn feeds three); a lazy one read whole for this parameter only."""
+    if isinstance(raw, LazyTensor):
         return raw()
     if src not in whole:
         whole[src] = np.asarray(raw() if callable(raw) else raw)
     return whole[src]
 
 
-def _shape(raw, whole, src) -> tuple[int, ...]:
-    if isinstance(raw, LazyTensor):
-        return raw.shape
-    return _read_whole(raw, whole, src).shape
-
-
-def _transformed_shape(raw, transform, whole, src) -> tuple[int, ...]:
-    if isinstance(raw, LazyTensor) and isinstance(transform, Transform):
-        return transform.shape(raw.shape)
-    return transform(_read_whole(raw, whole, src)).shape
-
-
-def _sharded(raw, transform, shape, sharding, dtype, whole, src) -> jax.Array:
+def _sharded(raw, transform, full, shape, sharding, dtype) -> jax.Array:
     """A parameter created under ``sharding``; the callback runs once per local device with
     that device's index and reads only that block (a lazy safetensors tensor with a slicing
-    transform) or cuts it from the transformed tensor."""
+    transform, ``full`` None) or cuts it from the transformed tensor ``full``."""
     np_dtype = np.dtype(jnp.dtype(dtype))
-    if isinstance(raw, LazyTensor) and isinstance(transform, Transform):
+    if full is None:
         def block(index):
             index = tuple(slice(None) if i is None else i for i in index)
             return transform.block(raw[transform.source_index(index, shape)]).astype(np_dtype)
     else:
-        full = transform(_read_whole(raw, whole, src))
-
         def block(index):
             return np.asarray(full[index]).astype(np_dtype)
     return jax.make_array_from_callback(shape, sharding, block)

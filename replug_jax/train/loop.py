@@ -198,11 +198,10 @@ class LSRTrainer:
 
     def _batch(self, step: int) -> tuple[dict, dict]:
         cfg = self.cfg
-        idx = batch_indices(step, cfg.batch_size, len(self.train), cfg.seed)
-        examples = [self.train[i] for i in idx][local_rows(len(idx))]  # this process's rows
+        batch_examples, examples = self.step_examples(step)
         params = self.state.params if self.pcount == 1 else host_copy(self.state.params)
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
-        hits = _quietly(self._search, queries, cfg.k, [self.train[i] for i in idx])
+        hits = _quietly(self._search, queries, cfg.k, batch_examples)
         t0 = time.perf_counter()
         prefetched = self.prefetcher.wait(step)  # what it scored ahead for this step
         with self.prefetcher.lm_lock:
@@ -232,6 +231,12 @@ class LSRTrainer:
                 "gold_in_topk": float(np.mean(found))
                 if all(g is not None for g in gold) else None}
         return batch, info
+
+    def step_examples(self, step: int) -> tuple[list[Example], list[Example]]:
+        """Step ``step``'s whole batch of examples, and this process's rows of it."""
+        idx = batch_indices(step, self.cfg.batch_size, len(self.train), self.cfg.seed)
+        batch = [self.train[i] for i in idx]
+        return batch, batch[local_rows(len(batch))]
 
     def score_pairs(self, examples: list[Example], doc_ids_BK: np.ndarray) -> None:
         """Score into the cache the (example, document) pairs it lacks (a prefetch: the

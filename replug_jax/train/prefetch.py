@@ -26,8 +26,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from replug_jax.sharding import host_copy, local_rows
-from replug_jax.train.data import batch_indices
+from replug_jax.sharding import host_copy
 
 
 class Prefetcher:
@@ -60,12 +59,9 @@ class Prefetcher:
 
     def _work(self, step: int, params) -> set:
         t = self.trainer
-        cfg = t.cfg
-        idx = batch_indices(step, cfg.batch_size, len(t.train), cfg.seed)
-        batch = [t.train[i] for i in idx]
-        examples = batch[local_rows(len(idx))]
+        _, examples = t.step_examples(step)
         queries = t.retriever.encode_queries([e.query for e in examples], params=params)
-        hits = t.index.search(queries, cfg.k, t._excluded(examples))
+        hits = t.index.search(queries, t.cfg.k, t._excluded(examples))
         keys = {(e.id, int(d)) for e, row in zip(examples, hits.ids) for d in row if d >= 0}
         before = set(t.cache.get_many(sorted(keys)))
         with self.lm_lock:
