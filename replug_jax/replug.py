@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from typing import Sequence
 
 import numpy as np
@@ -193,11 +194,14 @@ class Replug:
             return [Branches([f + c], np.zeros(1, np.float32), [], np.full(1, np.nan))
                     for f, c in zip(prefixes, contexts)], 0.0
         if mode == "random":
-            rng = np.random.default_rng(self.seed)
             out = []
             excluded = per_query_exclusions(exclude_ids, len(contexts))
             store = self.index.passages
             for qi, (c, r) in enumerate(zip(contexts, reserves)):
+                # seeded by (seed, query): the same query draws the same documents in any
+                # batch or call order, and different queries draw different ones
+                rng = np.random.default_rng(
+                    [self.seed, zlib.crc32(queries[qi].encode("utf-8"))])
                 ps = self._random_passages(store, k, excluded[qi], rng)
                 if not ps:
                     raise ValueError(f"query {qi}: every passage is excluded")

@@ -149,6 +149,25 @@ def test_random_documents_respect_exclusions(parts):
         pipe.branches(["x"], mode="random", exclude_ids=[list(range(len(DOCS)))])
 
 
+def test_random_documents_depend_on_the_query_not_the_batch(parts):
+    """Each query's random documents are seeded by (seed, query): the same alone or in any
+    batch, and two queries do not share one draw (a seed per call gave every batch's first
+    query the same documents)."""
+    retriever, index, lm = parts
+    pipe = Replug(lm, retriever, index, k=2, seed=0)
+    queries = [f"query {i}" for i in range(6)]
+
+    def ids(groups):
+        return [tuple(p.id for p in g.passages) for g in groups]
+
+    together = ids(pipe.branches(queries, mode="random")[0])
+    alone = [ids(pipe.branches([q], mode="random")[0])[0] for q in queries]
+    assert together == alone
+    assert len(set(together)) > 1
+    other_seed = Replug(lm, retriever, index, k=2, seed=1)
+    assert ids(other_seed.branches(queries, mode="random")[0]) != together
+
+
 def test_coordinated_greedy_decoding_is_mixture_argmax(parts):
     retriever, index, lm = parts
     pipe = Replug(lm, retriever, index, k=3)
