@@ -1,7 +1,11 @@
 """Table 1 at laptop scale: bits per UTF-8 byte of the LM alone, + REPLUG, + REPLUG LSR, + the
 random-document ensemble, + concatenation of the k documents.
 
-Setting: WikiText-2 test articles evaluated with sliding windows
+The ``default`` config evaluates WikiText-103 test against a Wikipedia datastore (the enwiki
+sample's 221k passages; see ``experiments/table1_datastore.py``). The earlier setting below is
+the ``wikitext2_datastore`` config (a small in-domain datastore) and ``tiny``.
+
+Earlier setting: WikiText-2 test articles evaluated with sliding windows
 (``replug_jax.eval.perplexity``); the retrieval corpus is 128-token passages of WikiText-2 test
 itself, and the leakage filter removes every passage of the evaluated article
 (``leakage="document"``, the default; ``window`` hides only the passages overlapping the
@@ -53,6 +57,10 @@ def differences(rows: dict, base: str) -> dict:
 
 def main(argv=None):
     args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
+    if cfg.datastore != "wikitext2":
+        from experiments.table1_datastore import main_datastore
+
+        return main_datastore(args, cfg)
     lm = load_lm(cfg.lm, cfg.max_context)
     with Timer() as sw:
         docs, passages, settings = wikitext_setup(cfg, lm)

@@ -4,6 +4,7 @@ The evaluation data of ``../shared/data`` is not part of the project, so the scr
 folder in the same layout written here (our own sentences, questions and articles). Results go
 to a temporary folder; the test checks the files and that the numbers are well-formed."""
 
+import gzip
 import json
 import pathlib
 
@@ -69,10 +70,23 @@ def shared(tmp_path_factory):
         json.dumps({"question": q[:-1].lower(), "answer": [a]}) + "\n" for a, _, q in FACTS))
     wiki = root / "wikitext2"
     wiki.mkdir()
-    text = "".join(f" = {name} = \n \n {ARTICLE.format(name=name, town=town)}\n"
-                   for name, town in (("Alder River", "Quenwick"), ("Bram Water", "Ostry"),
-                                      ("Carrow Beck", "Vorn")))
-    (wiki / "wiki.test.raw").write_text(text)
+    articles = [(name, ARTICLE.format(name=name, town=town))
+                for name, town in (("Alder River", "Quenwick"), ("Bram Water", "Ostry"),
+                                   ("Carrow Beck", "Vorn"))]
+    # wiki.test.raw as shipped: non-empty rows only; wiki.test.tokens: blank lines kept
+    (wiki / "wiki.test.raw").write_text("".join(f" = {n} = \n {a}\n" for n, a in articles))
+    (root / "wikitext103").mkdir()
+    (root / "wikitext103" / "wiki.test.tokens").write_text(
+        "".join(f" \n = {n} = \n \n {a}\n" for n, a in articles))
+    # a raw-text Wikipedia sample: the FACTS as articles, and one that copies a sentence of
+    # an evaluated article (a leak the n-gram check must find)
+    (root / "enwiki2015").mkdir()
+    rows = [{"id": str(i), "title": f"Article {i}", "url": "", "text": f"{p} " * 12}
+            for i, (_, p, _) in enumerate(FACTS)]
+    rows.append({"id": "99", "title": "Alder River (copy)", "url": "",
+                 "text": ARTICLE.format(name="Alder River", town="Quenwick")[:400]})
+    with gzip.open(root / "enwiki2015" / "enwiki_2015_sample10k.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
     for split in ("dev", "test"):
         (root / "mmlu" / split).mkdir(parents=True)
     (root / "mmlu" / "dev" / "astronomy_dev.csv").write_text(
@@ -165,6 +179,34 @@ def test_table1_and_figure4_tiny(data, tmp_path):
     fig = _result(tmp_path, "figure4_num_docs")
     assert set(fig["perplexity"]["replug"]) == {"1", "2"}
     assert all(np.isfinite(v) for v in fig["perplexity"]["random"].values())
+
+
+def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
+    """The real-datastore setting end to end on a few enwiki articles: every row, per-window
+    values with article ids, the leakage rate, the format control; Figure 4 from the same
+    cached scores (no LM call the second time)."""
+    from experiments import figure4_num_docs, table1_lm
+
+    common = ["--config", "tiny_enwiki", "--out", str(tmp_path), "--no-progress",
+              "--set", f"cache={tmp_path / 'cache'}"]
+    table1_lm.main(common)
+    res = json.loads((tmp_path / "table1_lm" / "tiny_enwiki.json").read_text())
+    assert res["windows"] == 4 and len(set(res["per_window"]["article"])) == 2
+    rows = res["per_window"]["loglik"]
+    assert len(rows) == 8 and all(len(v) == 4 for v in rows.values())
+    levels = res["bits_per_byte"]
+    assert all(d["low"] <= d["difference"] <= d["high"] for d in levels.values())
+    assert res["datastore_passages"] >= 13  # the twelve FACT articles and the copy
+    assert 0 < res["leakage"]["windows_with_a_leaking_passage"] <= 1  # the copy leaks
+    assert "format: random WikiText − random datastore passages" in res["paired_differences"]
+    batches = sorted((tmp_path / "cache").rglob("*.npz"))
+    assert len(batches) == 6 * 2  # six sources × two batches of two windows
+    stamps = [p.stat().st_mtime_ns for p in batches]
+    figure4_num_docs.main(common)
+    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "cache").rglob("*.npz"))] == stamps
+    fig = json.loads((tmp_path / "figure4_num_docs" / "tiny_enwiki.json").read_text())
+    k2 = fig["bits_per_byte"]["retrieved, τ=1"]["2"]["difference"]
+    assert k2 == pytest.approx(levels["REPLUG (k=2, τ=1)"]["difference"], abs=1e-9)
 
 
 def test_table2_mmlu_tiny(data, tmp_path):

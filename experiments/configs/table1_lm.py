@@ -1,6 +1,9 @@
-"""Table 1 (language modelling, bits per byte) and Figure 4 (perplexity vs number of documents)
-at laptop scale: WikiText-2 test articles, retrieval corpus = 128-token passages of WikiText-2
-test under the leakage filter."""
+"""Table 1 (language modelling, bits per byte) and Figure 4 (perplexity vs number of documents).
+
+``default``: WikiText-103 test (all 60 articles, 256 windows, x = y = 128 tokens) against the
+enwiki-sample datastore (221k passages of 100 words; ``experiments/lm_datastore.py``), with the
+WikiText test articles as the format-control datastore. ``wikitext2_datastore``: the earlier
+setting, a small in-domain datastore (WikiText-2 test articles retrieving from the others)."""
 
 import dataclasses
 
@@ -26,10 +29,37 @@ class LMConfig:
     max_context: int = 1024
     batch_size: int = 2  # windows scored together (each with k branches)
     seed: int = 0
+    # -- the real-datastore setting (experiments/lm_datastore.py) --------------------------
+    # "wikitext2": the evaluated text's own other articles (the earlier setting); otherwise an
+    # index directory from `replug index build`, or enwiki:N (first N enwiki articles, in memory)
+    datastore: str = "wikitext2"
+    eval_text: str = "wikitext103"  # wikitext103 (test, tokenised) | wikitext2 (test, raw)
+    windows: int = 256  # evaluated windows, taken in rounds over all articles
+    control_datastore: str = ""  # format control: "wikitext103" (other test articles) or ""
+    control_documents: int = 0  # articles chunked into the control datastore (0 = all)
+    leak_ngram: int = 13  # a window leaks into a passage sharing a word n-gram with its target
+    drop_leaking: bool = False  # exclude each window's leaking passages from its retrieval
+    tau_grid: tuple = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)  # τ fitted on folds
+    tau_folds: int = 5  # article folds of the cross-fitted τ
+    cache: str = ""  # scored batches (default runs/lm_datastore/<digest>): resumable
 
+
+# built by: replug index build --corpus <enwiki sample> --out runs/enwiki_idx (README)
+ENWIKI_INDEX = "runs/enwiki_idx"
+SMALL = LMConfig()  # the earlier setting: a small in-domain datastore (WikiText-2 test)
 
 CONFIGS = {
-    "default": LMConfig(),
+    "default": LMConfig(datastore=ENWIKI_INDEX, control_datastore="wikitext103",
+                        num_documents=0, max_context=2048, batch_size=2, ks=tuple(range(1, 11))),
+    # the same with every passage sharing a 13-gram with the window's target removed
+    "no_leak": LMConfig(datastore=ENWIKI_INDEX, control_datastore="wikitext103",
+                        num_documents=0, max_context=2048, batch_size=2, drop_leaking=True,
+                        ks=tuple(range(1, 11))),
+    "tiny_enwiki": LMConfig(datastore="enwiki:13", control_datastore="wikitext103",
+                            control_documents=3, num_documents=2, windows=4,
+                            passage_tokens=32, context_tokens=32, stride=32, query_tokens=32,
+                            skip_first=32, k=2, ks=(1, 2), max_context=512, tau_folds=2),
+    "wikitext2_datastore": SMALL,
     "tiny": LMConfig(num_documents=1, corpus_documents=3, passage_tokens=32, context_tokens=32,
                      stride=32, query_tokens=32, skip_first=32, max_windows_per_document=2,
                      k=2, ks=(1, 2), max_context=512),
