@@ -178,6 +178,26 @@ def test_eight_devices_equal_one(tmp_path):
         assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-6)
 
 
+def test_refresh_on_its_own_devices_equals_the_shared_ones(tmp_path):
+    """refresh_devices=2: the refresh re-embeds the corpus on the last two local devices
+    (training uses the first four) and the run trains to the same parameters."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    cfg = dataclasses.replace(BASE, num_devices=4, total_steps=4, refresh_every=2)
+    shared = make_trainer(tmp_path, "shared", cfg)
+    apart = make_trainer(tmp_path, "apart", dataclasses.replace(cfg, refresh_devices=2))
+    shared.run()
+    apart.run()
+    assert list(apart.refresher.encoder.mesh.devices.flat) == jax.local_devices()[-2:]
+    assert apart.refresher.encoder.model is apart.retriever.model  # one set of weights
+    for a, b in zip(_params(shared), _params(apart)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert [r["gold_in_topk"] for r in _log(shared)] == [r["gold_in_topk"] for r in _log(apart)]
+    assert _log(apart)[-1]["index_version"] == 1
+    with pytest.raises(ValueError, match="refresh_devices needs index_backend='faiss'"):
+        dataclasses.replace(cfg, refresh_devices=2, index_backend="jax")
+
+
 def test_workdir_from_another_config_and_corrupt_checkpoint(tmp_path):
     t = make_trainer(tmp_path, cfg=dataclasses.replace(BASE, total_steps=4))
     t.run()

@@ -226,13 +226,23 @@ def test_two_processes_with_prefetched_scoring_equal_one_synchronous_process(tmp
     """Two processes prefetching their next rows' LM scores (FAISS index: a local search per
     process) train to the parameters of one process scoring every pair in its step."""
     _need_eight()
-    from tests.test_lsr import BASE, make_trainer
+    from replug_jax.retrieval.corpus import corpus_text
+    from tests.test_lsr import BASE, PASSAGES, make_trainer
 
     overrides = {"num_devices": 8, "total_steps": 4, "refresh_every": 2, "lm_prefetch": True}
     _run_two(_LSR, str(tmp_path), overrides=overrides)
     one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, **{**overrides,
                                                                      "lm_prefetch": False}))
     one.run()
+    # the refresh at step 2: each process embedded its half of the corpus, and both built
+    # the index from the two halves
+    shares = [np.load(tmp_path / "two" / "index" / "v1" / f"emb.p{i}of2.npy") for i in (0, 1)]
+    assert [len(x) for x in shares] == [len(PASSAGES) // 2, len(PASSAGES) - len(PASSAGES) // 2]
+    np.testing.assert_allclose(
+        np.concatenate(shares),
+        one.retriever.encode([corpus_text(p) for p in PASSAGES],
+                             params=one.refresher.load_snapshot(1, jax.device_get(
+                                 one.state.params))), atol=1e-5)
     two = np.load(tmp_path / "params.npz")
     for path, a in jax.tree_util.tree_flatten_with_path(jax.device_get(one.state.params))[0]:
         name = jax.tree_util.keystr(path)

@@ -10,6 +10,7 @@ and produces byte-identical output.
 
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
 import threading
@@ -79,6 +80,7 @@ class Retriever:
         # Replug uses unless told otherwise; None: no fitted value, REPLUG's τ = 1 applies.
         self.retrieval_temperature = retrieval_temperature
         self.mesh = _local_mesh(devices)
+        self._device = None  # one device other than the default (see on_devices)
         n_dev = 1 if self.mesh is None else self.mesh.devices.size
         batch_size = batch_size or default_batch_size()
         self.batch_size = -(-batch_size // n_dev) * n_dev  # a multiple of the device count
@@ -191,6 +193,10 @@ class Retriever:
                 if self._replicated is None:
                     self._replicated = jax.device_put(state, everywhere)
                 state = self._replicated
+        elif self._device is not None and params is None:
+            if self._replicated is None:
+                self._replicated = jax.device_put(state, self._device)
+            state = self._replicated
         out = np.zeros((len(ids), self.dim), np.float32)
         order = np.argsort([len(s) for s in ids], kind="stable")
         pad = self.model.config.pad_token_id
@@ -203,8 +209,10 @@ class Retriever:
                 batch[j, :len(ids[r])] = ids[r]
                 mask[j, :len(ids[r])] = 1
             mask[len(rows):, 0] = 1  # filler rows: one token, so pooling stays finite
-            if self.mesh is None:
+            if self.mesh is None and self._device is None:
                 batch, mask = jnp.asarray(batch), jnp.asarray(mask)
+            elif self.mesh is None:
+                batch, mask = jax.device_put((batch, mask), self._device)
             else:
                 batch, mask = jax.device_put((batch, mask), rows_sharding)
             emb = self._encode(state, batch, mask)
@@ -212,6 +220,19 @@ class Retriever:
             if on_batch is not None:
                 on_batch(len(rows))
         return out
+
+    def on_devices(self, devices) -> "Retriever":
+        """The same encoder (weights, tokenizer, compiled function) running on ``devices``:
+        an index refresh given its own share of the devices (``LSRConfig.refresh_devices``)."""
+        other = copy.copy(self)
+        other.mesh = _local_mesh(list(devices))
+        n_dev = 1 if other.mesh is None else other.mesh.devices.size
+        other.batch_size = -(-self.batch_size // n_dev) * n_dev
+        other._replicated, other._placed = None, []
+        other._placed_lock = threading.Lock()
+        if other.mesh is None:
+            other._device = list(devices)[0]
+        return other
 
     def _on_devices(self, params):
         """``params`` on the encoding devices (replicated over the mesh, or the default
@@ -223,7 +244,7 @@ class Retriever:
                 if held is params:
                     return placed
             target = (jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-                      if self.mesh is not None else jax.local_devices()[0])
+                      if self.mesh is not None else self._device or jax.local_devices()[0])
             placed = jax.device_put(params, target)
             self._placed = [(params, placed)] + self._placed[:1]
             return placed

@@ -84,6 +84,11 @@ class LSRConfig:
     refresh_every: int = 3_000
     refresh_mode: Literal["background", "sync"] = "background"
     refresh_lag: int = 0  # background: swap at refresh step + lag (0 = refresh_every // 10)
+    # devices that re-embed the corpus at a refresh: 0 = the retriever's (every local device
+    # on GPU/TPU, shared with training); n = the last n local devices of each process, a share
+    # set apart (give training the others with num_devices). Not with index_backend="jax",
+    # whose corpus rows live on the training mesh.
+    refresh_devices: int = 0
     index_factory: str = "Flat"
     # Cheaper supervision, same math: before the first step, score the top-`prescore_pool`
     # candidates of the initial index for every example the run will see, in large batches;
@@ -125,6 +130,10 @@ class LSRConfig:
              f"refresh_lag ({self.refresh_lag}) must be smaller than refresh_every "
              f"({self.refresh_every}): a longer lag would silently skip refreshes"),
             (marginal_score_ok(self.objective, self.lm_score), MARGINAL_NEEDS_SUM),
+            (self.refresh_devices >= 0, "refresh_devices must be >= 0"),
+            (not (self.refresh_devices and self.index_backend == "jax"),
+             "refresh_devices needs index_backend='faiss': the JAX index embeds the corpus "
+             "rows on the training mesh that holds them"),
         ]
         for literal, allowed in (("similarity", ("cosine", "dot")), ("task", ("qa", "lm")),
                                  ("chunk_unit", ("words", "tokens")),

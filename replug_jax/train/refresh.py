@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -31,6 +32,25 @@ class _Refresh:
     index: Index | DeviceIndex | None = None
     error: BaseException | None = None
     seconds: float = 0.0
+
+
+SHARE_WAIT_SECONDS = 6 * 3600  # how long a process waits for the others' embedding shares
+
+
+def wait_for_embeddings(path: pathlib.Path, timeout: float = SHARE_WAIT_SECONDS,
+                        poll: float = 0.5) -> np.ndarray:
+    """The ``.npy`` embeddings another process writes at ``path``, memory-mapped, once they
+    are complete (the file exists and its ``.progress.json`` sidecar, created before it and
+    removed after its last block, is gone)."""
+    progress = path.with_name(path.name + ".progress.json")
+    t0 = time.monotonic()
+    while not path.exists() or progress.exists():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{path} was not complete after {timeout:.0f} s: did the process "
+                               "writing it stop? (multi-process refreshes need the work "
+                               "directory on a filesystem every process shares)")
+        time.sleep(poll)
+    return np.load(path, mmap_mode="r")
 
 
 def flatten_params(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -64,6 +84,13 @@ class IndexRefresher:
                  process_count: int = 1):
         self.workdir, self.cfg, self.retriever = workdir, cfg, retriever
         self.store, self.mesh = store, mesh
+        # the refresh's encoder: the retriever's own devices, or the last `refresh_devices`
+        # of this process's (a share set apart from training's)
+        n = cfg.refresh_devices
+        if n > len(jax.local_devices()):
+            raise ValueError(f"refresh_devices={n} but this process has "
+                             f"{len(jax.local_devices())} devices")
+        self.encoder = retriever.on_devices(jax.local_devices()[-n:]) if n else retriever
         self.params_now = params_now
         self.pid, self.pcount = process_index, process_count
         self.index: Index | DeviceIndex | None = None
@@ -93,8 +120,10 @@ class IndexRefresher:
     def build(self, version: int, params: dict | None) -> Index | DeviceIndex:
         """Index version ``version``: re-embed the corpus with ``params`` (resumably), then a
         FAISS index saved under the version folder, or (``index_backend="jax"``) the
-        embeddings kept as ``emb.npy`` and placed on the mesh as a sharded array. With
-        ``params=None`` only what is saved is loaded."""
+        embeddings kept as ``emb.npy`` and placed on the mesh as a sharded array. On several
+        processes each embeds only its share of the rows (``emb.p<i>of<n>.npy``): the JAX
+        index keeps each share on its process's devices; the FAISS index is built by every
+        process from all the shares. With ``params=None`` only what is saved is loaded."""
         out = self.version_dir(version) / "index"
         # per-process embeddings are named by the process count too: a resume on another
         # count re-embeds instead of reading rows that are not its own
@@ -110,8 +139,8 @@ class IndexRefresher:
             # each process embeds only the corpus rows its devices hold
             rows = corpus_rows(len(self.store), self.mesh)
             if not done:
-                self.retriever.encode_to_file(PassageTexts(self.store, rows.start, rows.stop),
-                                              emb_path, params=params, progress=False)
+                self.encoder.encode_to_file(PassageTexts(self.store, rows.start, rows.stop),
+                                            emb_path, params=params, progress=False)
             return DeviceIndex(np.load(emb_path), self.store, self.mesh, local=True,
                                dtype=None if self.cfg.index_dtype == "auto" else
                                jnp.dtype(self.cfg.index_dtype), encoder=encoder)
@@ -119,13 +148,33 @@ class IndexRefresher:
             return Index.load(out)
         except ValueError:
             pass
-        emb = self.retriever.encode_to_file(PassageTexts(self.store), emb_path, params=params,
-                                            progress=False)
-        index = Index.build(np.asarray(emb), self.store, factory=self.cfg.index_factory,
-                            encoder=encoder)
+        if self.pcount == 1:
+            emb = self.encoder.encode_to_file(PassageTexts(self.store), emb_path, params=params,
+                                              progress=False)
+            index = Index.build(np.asarray(emb), self.store, factory=self.cfg.index_factory,
+                                encoder=encoder)
+            index.save(out)
+            emb_path.unlink(missing_ok=True)
+            return index
+        # several processes: each embeds its contiguous share of the rows, then every process
+        # builds the same index from all the shares (the work directory is shared). The shares
+        # stay until the version folder is removed, two refreshes later: a slower process may
+        # still be reading them.
+        bounds = np.linspace(0, len(self.store), self.pcount + 1).astype(int)
+        lo, hi = int(bounds[self.pid]), int(bounds[self.pid + 1])
+        if not done:
+            if hi > lo:
+                self.encoder.encode_to_file(PassageTexts(self.store, lo, hi), emb_path,
+                                            params=params, progress=False)
+            else:  # more processes than passages
+                with atomic_path(emb_path) as tmp:
+                    np.save(tmp, np.zeros((0, self.encoder.dim), np.float32))
+        shares = [wait_for_embeddings(self.version_dir(version) / f"emb.p{j}of{self.pcount}.npy")
+                  for j in range(self.pcount)]
+        index = Index.build(np.concatenate(shares), self.store,
+                            factory=self.cfg.index_factory, encoder=encoder)
         if self.pid == 0:  # every process holds the same index; one writes it
             index.save(out)
-        emb_path.unlink(missing_ok=True)
         return index
 
     def resume(self, meta: dict | None, params) -> None:
