@@ -174,7 +174,8 @@ def test_each_step_re_ranks_the_pool_with_the_current_queries(tiny):
     from replug_jax.models.bert import embed
     from replug_jax.models.params import split_params, to_module
     from replug_jax.train.lsr import init_state, make_optimizer
-    from replug_jax.train.pool import _lsr_config, make_query_step
+    from replug_jax.train.lsr import make_query_step
+    from replug_jax.train.pool import _lsr_config
 
     _, retriever = tiny
     cfg = PoolTrainConfig(k=2, steps=4, learning_rate=5e-2)

@@ -115,3 +115,39 @@ def init_state(params, tx) -> TrainState:
     so the caller's ``params`` stay usable)."""
     params = jax.tree.map(jnp.array, params)
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
+
+
+def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool, k: int):
+    """The jitted LSR step with the query tower trained against given document embeddings
+    of each query's whole pool (``batch["doc_emb"] [B, M, D]``, from the last refresh): the
+    current query embeddings re-rank the pool, its top ``k`` (ties to the earlier candidate)
+    are the retrieved documents, and the loss of :func:`~replug_jax.train.lsr.make_train_step`
+    (KL either way, or the marginal likelihood) is taken over them on
+    ``s(d, x) = E(x) · E_stale(d)``. The choice of the top ``k`` carries no gradient (as
+    retrieval from an index does not)."""
+    schedule = make_schedule(cfg)
+
+    def loss_fn(params, batch):
+        encoder = to_module(graphdef, template, params)
+        q_BD = embed(encoder, batch["query_ids"], batch["query_mask"], pooling=pooling,
+                     normalize=normalize)
+        s_BM = jnp.einsum("bd,bmd->bm", q_BD, batch["doc_emb"])
+        ranked_BM = jnp.where(batch["doc_valid"], jax.lax.stop_gradient(s_BM), -jnp.inf)
+        _, top_BK = jax.lax.top_k(ranked_BM, k)
+        s_BK = jnp.take_along_axis(s_BM, top_BK, axis=1)
+        lm_BK = jnp.take_along_axis(batch["lm_scores"], top_BK, axis=1)
+        valid_BK = jnp.take_along_axis(batch["doc_valid"], top_BK, axis=1)
+        if cfg.objective == "marginal":
+            return marginal_nll_loss(s_BK, lm_BK, cfg.gamma, valid_BK)
+        return lsr_loss(s_BK, lm_BK, cfg.gamma, cfg.beta, valid_BK, direction=cfg.direction)
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def step(state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return TrainState(params, opt_state, state.step + 1), {
+            "loss": loss, "grad_norm": optax.tree.norm(grads),
+            "learning_rate": schedule(state.step)}
+
+    return step

@@ -31,7 +31,6 @@ import zipfile
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from replug_jax.eval.temperature import BranchCache, mixture_logliks
@@ -205,12 +204,24 @@ def _part_readable(path: pathlib.Path, rows: int, m: int) -> bool:
 # -- the retriever on the pool -------------------------------------------------------------
 
 def embed_pool(retriever, params, pool: ScoredPool, examples: Sequence[Example],
-               passages_by_id: dict) -> tuple[np.ndarray, np.ndarray]:
+               passages_by_id: dict, doc_params="same", frozen_docs: dict | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
     """The retriever's (``params``) query embeddings ``[E, D]`` and candidate embeddings
-    ``[E, M, D]`` (zeros for missing candidates); each distinct passage is encoded once."""
+    ``[E, M, D]`` (zeros for missing candidates); each distinct passage is encoded once, with
+    ``doc_params`` (default: ``params``; None: the retriever's own weights, a frozen
+    document tower, whose embeddings are kept in ``frozen_docs`` (id -> vector) across
+    calls)."""
     q_ED = retriever.encode_queries([ex.query for ex in examples], params)
     ids = sorted({int(x) for x in pool.doc_ids_EM.ravel() if x >= 0})
-    emb = retriever.encode_passages([corpus_text(passages_by_id[i]) for i in ids], params)
+    if doc_params is None and frozen_docs is not None:
+        new = [i for i in ids if i not in frozen_docs]
+        if new:
+            vecs = retriever.encode_passages([corpus_text(passages_by_id[i]) for i in new])
+            frozen_docs.update(zip(new, np.asarray(vecs, np.float32)))
+        emb = np.stack([frozen_docs[i] for i in ids])
+    else:
+        emb = retriever.encode_passages([corpus_text(passages_by_id[i]) for i in ids],
+                                        params if doc_params == "same" else doc_params)
     row = {pid: r for r, pid in enumerate(ids)}
     d_EMD = np.zeros(pool.doc_ids_EM.shape + (emb.shape[1],), np.float32)
     for (i, j), pid in np.ndenumerate(pool.doc_ids_EM):
@@ -285,11 +296,17 @@ class PoolTrainConfig:
     patience: int = 4  # evaluations without a new best dev value before stopping
     eval_temperature: float = 1.0  # τ of λ at evaluation (§3.2: 1)
     shuffle_q: bool = False  # the control: Q permuted within each pool (shuffled_q)
+    # "shared": one encoder for queries and documents (the paper's Contriever), documents
+    # re-embedded with it every refresh_every steps; "query": only the query tower learns,
+    # documents keep the base encoder's embeddings (an index built with the base stays valid)
+    towers: str = "shared"
     seed: int = 0
 
     def __post_init__(self):
         if not marginal_score_ok(self.objective, self.lm_score):
             raise ValueError(MARGINAL_NEEDS_SUM)
+        if self.towers not in ("shared", "query"):
+            raise ValueError(f"towers must be 'shared' or 'query', got {self.towers!r}")
 
 
 OBJECTIVES = {"kl_retriever_to_lm": ("kl", "retriever_to_lm"),
@@ -314,7 +331,8 @@ def _lsr_config(cfg: PoolTrainConfig):
 def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Example],
                   dev_pool: ScoredPool, dev_examples: Sequence[Example], passages_by_id: dict,
                   cfg: PoolTrainConfig, *, progress: bool = True,
-                  log: Callable[[dict], None] | None = None) -> dict:
+                  log: Callable[[dict], None] | None = None,
+                  frozen_docs: dict | None = None) -> dict:
     """REPLUG LSR on a pre-scored pool; returns ``{"params", "best_step", "curve",
     "steps_run", "seconds"}``.
 
@@ -322,15 +340,19 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     are encoded with the current parameters (gradients reach the shared encoder through them)
     and re-rank their whole pool against the pool passages' embeddings of the last refresh
     (every ``refresh_every`` steps, with the current parameters: the paper's stale index
-    embeddings, refreshed periodically, §4.3); the top-``k`` within each pool by those scores
-    are the retrieved documents of that step. The dev curve (REPLUG bits per byte within the dev pools, τ =
-    ``eval_temperature``) is read every ``eval_every`` steps; the parameters of the best dev
-    value are returned, and training stops after ``patience`` evaluations without a new best.
+    embeddings, refreshed periodically, §4.3; with ``towers="query"`` the documents keep the
+    base encoder's embeddings and only the query tower learns); the top-``k`` within each
+    pool by those scores are the retrieved documents of that step. The dev curve (REPLUG
+    bits per byte within the dev pools, τ = ``eval_temperature``) is read every
+    ``eval_every`` steps; the parameters of the best dev value are returned, and training
+    stops after ``patience`` evaluations without a new best. ``frozen_docs``: the base
+    document embeddings by passage id, shared by runs with ``towers="query"`` (each passage
+    encoded once for all of them).
     """
     from tqdm.auto import tqdm
 
     from replug_jax.models.params import split_params
-    from replug_jax.train.lsr import init_state, make_optimizer
+    from replug_jax.train.lsr import init_state, make_optimizer, make_query_step
 
     lcfg = _lsr_config(cfg)
     graphdef, template, params0 = split_params(retriever.model.encoder)
@@ -348,8 +370,12 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     longest = int(q_mask.sum(1).max())  # padding past the longest query changes nothing
     q_ids, q_mask = q_ids[:, :longest], q_mask[:, :longest]
 
+    doc_params = "same" if cfg.towers == "shared" else None
+    frozen = (frozen_docs if frozen_docs is not None else {}) if doc_params is None else None
+
     def evaluate(params) -> float:
-        q, d = embed_pool(retriever, params, dev_pool, dev_examples, passages_by_id)
+        q, d = embed_pool(retriever, params, dev_pool, dev_examples, passages_by_id,
+                          doc_params, frozen)
         s = np.einsum("ed,emd->em", q, d)
         return bits_per_byte(pool_logliks(dev_pool, s, cfg.k, cfg.eval_temperature),
                              dev_pool.branches.bytes_N)
@@ -362,9 +388,9 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     bar = tqdm(total=cfg.steps, desc=f"LSR on the pool ({cfg.objective})", disable=not progress)
     step = 0
     for step in range(cfg.steps):
-        if step % cfg.refresh_every == 0:
+        if d_EMD is None or (cfg.towers == "shared" and step % cfg.refresh_every == 0):
             _, d_EMD = embed_pool(retriever, state.params, train_pool, train_examples,
-                                  passages_by_id)
+                                  passages_by_id, doc_params, frozen)
         rows = batch_indices(step, cfg.batch_size, len(train_examples), cfg.seed)
         batch = {"query_ids": q_ids[rows], "query_mask": q_mask[rows],
                  "doc_emb": d_EMD[rows], "doc_valid": valid_EM[rows],
@@ -387,48 +413,3 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     bar.close()
     return {"params": best[2], "best_step": best[1], "best_dev_bpb": best[0], "curve": curve,
             "steps_run": step + 1, "seconds": time.perf_counter() - t0}
-
-
-def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool, k: int):
-    """The jitted LSR step with the query tower trained against given document embeddings
-    of each query's whole pool (``batch["doc_emb"] [B, M, D]``, from the last refresh): the
-    current query embeddings re-rank the pool, its top ``k`` (ties to the earlier candidate)
-    are the retrieved documents, and the loss of :func:`~replug_jax.train.lsr.make_train_step`
-    (KL either way, or the marginal likelihood) is taken over them on
-    ``s(d, x) = E(x) · E_stale(d)``. The choice of the top ``k`` carries no gradient (as
-    retrieval from an index does not)."""
-    import functools
-
-    import optax
-
-    from replug_jax.core.losses import lsr_loss, marginal_nll_loss
-    from replug_jax.models.bert import embed
-    from replug_jax.models.params import to_module
-    from replug_jax.train.lsr import TrainState, make_schedule
-
-    schedule = make_schedule(cfg)
-
-    def loss_fn(params, batch):
-        encoder = to_module(graphdef, template, params)
-        q_BD = embed(encoder, batch["query_ids"], batch["query_mask"], pooling=pooling,
-                     normalize=normalize)
-        s_BM = jnp.einsum("bd,bmd->bm", q_BD, batch["doc_emb"])
-        ranked_BM = jnp.where(batch["doc_valid"], jax.lax.stop_gradient(s_BM), -jnp.inf)
-        _, top_BK = jax.lax.top_k(ranked_BM, k)
-        s_BK = jnp.take_along_axis(s_BM, top_BK, axis=1)
-        lm_BK = jnp.take_along_axis(batch["lm_scores"], top_BK, axis=1)
-        valid_BK = jnp.take_along_axis(batch["doc_valid"], top_BK, axis=1)
-        if cfg.objective == "marginal":
-            return marginal_nll_loss(s_BK, lm_BK, cfg.gamma, valid_BK)
-        return lsr_loss(s_BK, lm_BK, cfg.gamma, cfg.beta, valid_BK, direction=cfg.direction)
-
-    @functools.partial(jax.jit, donate_argnums=(0,))
-    def step(state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        return TrainState(params, opt_state, state.step + 1), {
-            "loss": loss, "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(state.step)}
-
-    return step
