@@ -38,6 +38,7 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.lsr_study import CONFIGS
+from experiments.lsr_common import label, min_detectable, save_params, slug, variants
 from replug_jax.eval.stats import bpb_difference, format_interval
 from replug_jax.fileio import write_json_atomic
 from replug_jax.retrieval.corpus import chunk_documents, leakage_exclusions, read_documents
@@ -46,7 +47,6 @@ from replug_jax.retrieval.index import Index, corpus_text
 from replug_jax.timing import Timer
 from replug_jax.train.data import lm_examples
 from replug_jax.train.pool import (
-    PoolTrainConfig,
     bits_per_byte,
     build_pool,
     embed_pool,
@@ -54,7 +54,7 @@ from replug_jax.train.pool import (
     pool_logliks,
     train_on_pool,
 )
-from replug_jax.train.refresh import flatten_params, unflatten_params
+from replug_jax.train.refresh import unflatten_params
 
 DIFFERENCES = (
     "The paper trains Contriever from GPT-3 Curie on 800K Pile sequences (x, y = 128 tokens; "
@@ -65,46 +65,6 @@ DIFFERENCES = (
     "embedding re-ranks it at every step), only the query tower is trained between refreshes "
     "(documents from the last refresh, as the paper's stale index), and the final comparison "
     "retrieves from the whole re-embedded datastore.")
-
-# z-values of a two-sided 5 % test with 80 % power: the smallest detectable effect is about
-# (1.96 + 0.84) standard errors of the paired difference.
-Z_ALPHA, Z_POWER = 1.959964, 0.841621
-
-
-def variants(cfg) -> list[PoolTrainConfig]:
-    out, seen = [], set()
-    for gamma, beta in cfg.grid:
-        for objective in cfg.objectives:
-            key = (objective, gamma, None if objective == "marginal" else beta)
-            if key in seen:  # the marginal likelihood has no β
-                continue
-            seen.add(key)
-            out.append(PoolTrainConfig(
-                objective=objective, gamma=gamma, beta=beta, k=cfg.k,
-                lm_score="sum" if objective == "marginal" else cfg.lm_score,  # its only score
-                steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-                refresh_every=cfg.refresh_every, eval_every=cfg.eval_every,
-                patience=cfg.patience, eval_temperature=cfg.eval_temperature, seed=cfg.seed))
-    if cfg.shuffled_control and out:  # the first variant again, on Q permuted within pools
-        out.append(dataclasses.replace(out[0], shuffle_q=True))
-    return out
-
-
-def label(v: PoolTrainConfig) -> str:
-    return (f"{v.objective}/γ={v.gamma:g}" + (f"/β={v.beta:g}" if v.objective != "marginal"
-                                             else "")
-            + ("/shuffled-Q control" if v.shuffle_q else ""))
-
-
-def slug(name: str) -> str:
-    """A variant label as a file name."""
-    return name.replace("/", "_").replace("=", "").replace("γ", "g").replace("β", "b")
-
-
-def min_detectable(diff: dict) -> float:
-    """The smallest true difference the paired test detects 80 % of the time: the interval's
-    half-width is z_α standard errors."""
-    return (diff["high"] - diff["low"]) / 2 / Z_ALPHA * (Z_ALPHA + Z_POWER)
 
 
 def headroom(pools, base_ll, bytes_, cfg, kw) -> dict:
@@ -125,14 +85,6 @@ def headroom(pools, base_ll, bytes_, cfg, kw) -> dict:
            "not better with an interval excluding zero: no retriever trained on these pools "
            "can show a gain, whatever the steps."))
     return out
-
-
-def save_params(params, path: pathlib.Path, info: dict) -> None:
-    from replug_jax.fileio import atomic_path
-
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **flatten_params(params))
-    write_json_atomic(info, path.with_suffix(".json"))
 
 
 def main(argv=None):

@@ -87,6 +87,16 @@ def shared(tmp_path_factory):
                  "text": ARTICLE.format(name="Alder River", town="Quenwick")[:400]})
     with gzip.open(root / "enwiki2015" / "enwiki_2015_sample10k.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
+    # SQuAD layout: three train articles and one dev article of three one-question paragraphs
+    (root / "squad_v1.1").mkdir()
+    for name, chunk in (("train-v1.1.json", FACTS[:9]), ("dev-v1.1.half_a.json", FACTS[9:])):
+        arts = [{"title": f"{name[:3]}_{a}", "paragraphs": [
+            {"context": passage, "qas": [{"id": f"{name[:3]}_{a}/{j}/0", "question": question,
+                                          "answers": [{"text": answer,
+                                                       "answer_start": passage.find(answer)}]}]}
+            for j, (answer, passage, question) in enumerate(chunk[3 * a:3 * a + 3])]}
+            for a in range(len(chunk) // 3)]
+        (root / "squad_v1.1" / name).write_text(json.dumps({"data": arts}))
     for split in ("dev", "test"):
         (root / "mmlu" / split).mkdir(parents=True)
     (root / "mmlu" / "dev" / "astronomy_dev.csv").write_text(
@@ -207,6 +217,37 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     fig = json.loads((tmp_path / "figure4_num_docs" / "tiny_enwiki.json").read_text())
     k2 = fig["bits_per_byte"]["retrieved, τ=1"]["2"]["difference"]
     assert k2 == pytest.approx(levels["REPLUG (k=2, τ=1)"]["difference"], abs=1e-9)
+
+
+def test_lsr_qa_tiny(data, tmp_path):
+    """The cross-fitted SQuAD study end to end on a few questions: pools, oracle, variants,
+    τ fitted on dev, end-to-end test retrieval from the merged datastore, recall, EM/F1,
+    intervals over articles, per-question values; a rerun resumes from what is stored."""
+    from experiments import lsr_qa
+
+    argv = ["--config", "tiny", "--out", str(tmp_path / "out"), "--no-progress",
+            "--set", f"workdir={tmp_path / 'work'}"]
+    lsr_qa.main(argv)
+    res = json.loads((tmp_path / "out" / "lsr_qa" / "tiny.json").read_text())
+    assert res["questions"] == {"train": 6, "dev": 3, "test": 3}
+    assert res["articles"]["test"] == 1 and res["datastore_passages"] > 12
+    systems = res["systems"]
+    assert set(systems) == {"base retriever", "kl_retriever_to_lm/γ=0.1/β=0.1",
+                            "marginal/γ=0.1", "kl_retriever_to_lm/γ=0.1/β=0.1/shuffled-Q control"}
+    base = systems["base retriever"]
+    assert base["tau"] in (0.1, 1.0) and base["test_loglik"] < 0
+    assert 0 <= base["recall@1"] <= base["recall@2"] <= 1
+    per = res["per_example"]["test"]
+    assert len(per["loglik"]["base retriever"]) == 3 and len(per["lm_alone"]) == 3
+    assert np.mean(per["loglik"]["base retriever"]) == pytest.approx(base["test_loglik"])
+    assert res["chosen"] in systems and "shuffled" not in res["chosen"]
+    assert "low" in res["primary"] and res["release_rule"].startswith(("passes", "fails"))
+    assert len(res["qa"]["base retriever"]["em"]) == 2
+    readme = (tmp_path / "out" / "lsr_qa" / "README.md").read_text()
+    assert "Primary endpoint (pre-registered)" in readme
+    lsr_qa.main(argv)  # resumed: pools, runs and the extra pairs are read back
+    again = json.loads((tmp_path / "out" / "lsr_qa" / "tiny.json").read_text())
+    assert again["per_example"] == res["per_example"]
 
 
 def test_table2_mmlu_tiny(data, tmp_path):

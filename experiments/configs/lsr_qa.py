@@ -1,0 +1,75 @@
+"""The cross-fitted LSR study on SQuAD v1.1 (``experiments/lsr_qa.py``).
+
+**Pre-registered before any run** (this file's ``default`` is what the results report):
+
+- *Primary endpoint*: the mean gold-answer log-likelihood (nats per question) of REPLUG with
+  k = 4 documents retrieved from the whole datastore, ``λ = softmax(s/τ)`` with τ fitted on dev
+  for each retriever (``tau_grid``), on SQuAD questions of the 24 dev articles available here,
+  which no retriever trained on; the chosen LSR variant (best dev value, the shuffled-Q
+  control excluded) minus the base retriever, 95 % interval bootstrapped over **articles**.
+- *Release rule*: release only if that interval excludes zero in the LSR retriever's favour.
+- *Secondary*: gold-paragraph recall@1 and @5 over the whole datastore; every variant vs the
+  base on the primary endpoint; EM / F1 of greedy REPLUG answers (``max_generate`` questions).
+- *Smallest detectable effect*, stated before the run: ``detectable_effect`` nats per question
+  with 2,000 test questions; the realised one (80 % power, 5 % level, from the interval) is
+  reported beside it.
+- *Training*: questions of SQuAD train articles (``dev_articles`` of them held out for early
+  stopping and τ); only the query tower learns (``towers="query"``): documents keep the base
+  encoder's embeddings, so the datastore is embedded once and the released retriever carries
+  both towers.
+"""
+
+import dataclasses
+
+PRIMARY_ENDPOINT = ("mean gold-answer log-likelihood per question, REPLUG k=4 from the whole "
+                    "datastore, τ fitted on dev; chosen LSR variant − base; 95 % CI over "
+                    "test articles")
+
+
+@dataclasses.dataclass(frozen=True)
+class QAStudyConfig:
+    retriever: str = "minilm"  # paper: Contriever
+    lm: str = "smollm2"  # paper: GPT-3 Curie / Codex
+    lm_max_context: int = 1024
+    # distractors beside every SQuAD paragraph: an index folder (`replug index build` of the
+    # enwiki sample), enwiki:N (the first N enwiki articles in memory), or "" (none)
+    distractors: str = "runs/enwiki_idx"
+    dev_articles: int = 40  # SQuAD train articles held out: early stopping and τ
+    max_train: int = 4000  # questions, spread over the articles (0 = all)
+    max_dev: int = 600
+    max_test: int = 2000  # ≥ 1,500: see detectable_effect
+    pool_size: int = 8  # M: the base retriever's top-M per question, scored once by the LM
+    k: int = 4  # documents in REPLUG's ensemble (the primary endpoint's k)
+    recall_ks: tuple = (1, 5)
+    objectives: tuple = ("kl_retriever_to_lm", "kl_lm_to_retriever", "marginal")
+    grid: tuple = ((0.1, 0.1), (1.0, 1.0))  # (γ, β)
+    towers: str = "query"  # query: only the query tower learns | shared: one encoder
+    steps: int = 1500
+    batch_size: int = 16
+    learning_rate: float = 2e-5  # §5.2
+    refresh_every: int = 250  # towers="shared" only: re-embed the pool passages
+    eval_every: int = 150
+    patience: int = 3
+    lm_score: str = "mean"  # KL objectives; the marginal likelihood always sums
+    eval_temperature: float = 1.0  # τ of the dev curve that early-stops training
+    tau_grid: tuple = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)
+    shuffled_control: bool = True
+    require_headroom: bool = False  # stop before training when the oracle shows none
+    max_generate: int = 500  # test questions answered greedily for EM / F1 (0 = none)
+    max_new_tokens: int = 16
+    detectable_effect: float = 0.10  # nats per question, stated before the run
+    bootstrap_resamples: int = 10_000
+    workdir: str = "runs/lsr_qa"  # index, pools, runs (resumable)
+    seed: int = 0
+
+
+CONFIGS = {
+    "default": QAStudyConfig(),
+    # CI: seconds (a few questions, two variants, a few steps, distractors in memory)
+    "tiny": QAStudyConfig(distractors="enwiki:4", dev_articles=1, max_train=8, max_dev=4,
+                          max_test=4, pool_size=3, k=2, recall_ks=(1, 2),
+                          objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),),
+                          steps=4, batch_size=2, eval_every=2, patience=2,
+                          tau_grid=(0.1, 1.0), max_generate=2, max_new_tokens=4,
+                          lm_max_context=512, bootstrap_resamples=200),
+}
