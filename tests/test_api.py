@@ -436,3 +436,26 @@ def test_many_prompts_per_scoring_request_where_the_server_takes_lists(served):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
     recorded = APIScorer.connect("http://ours", transport=_replay("replug_serve"))
     assert not recorded.server.prompt_lists  # one choice for a list: probed, not assumed
+
+
+@pytest.mark.models
+def test_lsr_supervised_through_batched_api_requests_trains_as_in_process(served, tmp_path):
+    """LSR steps whose LM scores come from `replug serve` in requests of 4 prompts reach the
+    parameters of the same LM scoring in-process (the served scores equal within 1e-4)."""
+    import dataclasses
+
+    from tests.test_lsr import BASE, _log, _params, make_trainer
+
+    lm, url = served
+    cfg = dataclasses.replace(BASE, total_steps=3, lm_prefetch=False)
+    local = make_trainer(tmp_path, "local", cfg, lm=lm)
+    local.run()
+    api = APIScorer.connect(url, model="smollm2", tokenizer="smollm2", max_context=512,
+                            batch_size=4)
+    before = api.cost.snapshot()["lm_calls"]
+    remote = make_trainer(tmp_path, "remote", cfg, lm=api)
+    remote.run()
+    pairs = sum(r["lm_new_pairs"] for r in _log(remote))
+    assert pairs > 4 and api.cost.snapshot()["lm_calls"] - before <= -(-pairs // 4) + 3
+    for a, b in zip(_params(local), _params(remote)):
+        np.testing.assert_allclose(a, b, atol=1e-5)

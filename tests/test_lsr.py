@@ -495,3 +495,21 @@ def test_prefetched_lm_scoring_gives_the_synchronous_run(tmp_path, monkeypatch):
     assert [r["loss"] for r in log_f] == pytest.approx([r["loss"] for r in log_s], abs=1e-5)
     assert [r["lm_new_pairs"] for r in log_f] == [r["lm_new_pairs"] for r in log_s]
     assert sum(ahead_scored) > 0  # steps 1..4 found pairs scored ahead of them
+
+
+def test_corpus_read_from_a_memory_mapped_store_trains_as_the_list(tmp_path):
+    """The passages read by id from a passage store on disk (what `corpus = <index folder>`
+    gives) train to the parameters of the same passages handed over as a list."""
+    from replug_jax.retrieval.store import PassageStore, write_store
+
+    cfg = dataclasses.replace(BASE, total_steps=4, refresh_every=2)
+    write_store(PASSAGES, tmp_path / "passages.arrow")
+    listed = make_trainer(tmp_path, "list", cfg)
+    listed.run()
+    store = PassageStore.open(tmp_path / "passages.arrow")
+    stored = LSRTrainer(cfg, tmp_path / "store", retriever=tiny_retriever(0),
+                        lm_scorer=tiny_lm(0), passages=store, train=TRAIN, progress=False)
+    stored.run()
+    for a, b in zip(_params(listed), _params(stored)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert [r["gold_in_topk"] for r in _log(listed)] == [r["gold_in_topk"] for r in _log(stored)]
