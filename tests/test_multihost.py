@@ -221,6 +221,47 @@ def test_a_two_process_run_resumes_on_one_process(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5, err_msg=jax.tree_util.keystr(path))
 
 
+_LSR_RESUME = textwrap.dedent("""
+    import dataclasses, json, pathlib
+    from tests.test_lsr import BASE, make_trainer
+    from replug_jax.sharding import host_copy
+    cfg = dataclasses.replace(BASE, **{overrides!r})
+    t = make_trainer(pathlib.Path(out), "moved", cfg)
+    # the step this process restores, before running on
+    step, _, _ = t.checkpoints.restore(t.state)
+    (pathlib.Path(out) / f"restored.p{{jax.process_index()}}.json").write_text(json.dumps(step))
+    t.run()
+    if jax.process_index() == 0:
+        leaves = jax.tree_util.tree_flatten_with_path(host_copy(t.state.params))[0]
+        np.savez(pathlib.Path(out) / "params.npz",
+                 **{{jax.tree_util.keystr(p): v for p, v in leaves}})
+""")
+
+
+@pytest.mark.slow
+def test_a_killed_two_process_run_resumes_both_at_one_step(tmp_path):
+    """Two processes stopped after 3 steps, then restarted as two: both restore the same
+    step (the newest all can read), and finish with the parameters of a run never stopped."""
+    _need_eight()
+    from tests.test_lsr import BASE, make_trainer
+
+    overrides = {"num_devices": 8, "total_steps": 5, "refresh_every": 2,
+                 "index_backend": "jax", "index_dtype": "float32"}
+    _run_two(_LSR_STOP, str(tmp_path), overrides=overrides)
+    _run_two(_LSR_RESUME, str(tmp_path), overrides=overrides)
+    restored = [json.loads((tmp_path / f"restored.p{i}.json").read_text()) for i in (0, 1)]
+    assert restored[0] == restored[1] and restored[0] >= 2
+    straight = make_trainer(tmp_path, "straight", dataclasses.replace(BASE, **overrides))
+    straight.run()
+    two = np.load(tmp_path / "params.npz")
+    for path, a in jax.tree_util.tree_flatten_with_path(
+            jax.device_get(straight.state.params))[0]:
+        name = jax.tree_util.keystr(path)
+        if "['key']['bias']" in name:  # zero true gradient: see test_eight_devices_equal_one
+            continue
+        np.testing.assert_allclose(two[name], a, atol=1e-5, err_msg=name)
+
+
 @pytest.mark.slow
 def test_two_processes_with_prefetched_scoring_equal_one_synchronous_process(tmp_path):
     """Two processes prefetching their next rows' LM scores (FAISS index: a local search per
