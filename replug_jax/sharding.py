@@ -81,19 +81,23 @@ def initialize_distributed() -> None:
         jax.distributed.initialize()
 
 
-def make_mesh(num_devices: int | None = None, shape: dict[str, int] | None = None) -> Mesh:
+def make_mesh(num_devices: int | None = None, shape: dict[str, int] | None = None,
+              devices=None) -> Mesh:
     """A mesh over every process's devices: 1-D ``("data",)`` over the first ``num_devices``
     (all by default), or with named axes from ``shape`` (``{"data": 2, "model": 4}``; see
-    :func:`parse_mesh`), whose sizes must multiply to the device count."""
+    :func:`parse_mesh`), whose sizes must multiply to the device count (of ``devices``, a
+    subset, when given: e.g. the devices a model gets apart from training's)."""
     if shape is None:
         devices = jax.devices()[: num_devices or len(jax.devices())]
         return Mesh(np.array(devices), (DATA,), axis_types=(jax.sharding.AxisType.Auto,))
     names = tuple(a for a in MESH_AXES if a in shape)
     sizes = tuple(int(shape[a]) for a in names)
-    n = len(jax.devices())
+    pool = list(jax.devices()) if devices is None else list(devices)
+    n = len(pool)
     if math.prod(sizes) != n:
         raise ValueError(f"mesh {format_mesh(shape)} has {math.prod(sizes)} devices but "
-                         f"{n} are visible ({jax.device_count()} over {jax.process_count()} "
+                         f"{n} are " + ("visible" if devices is None else "given")
+                         + f" ({jax.device_count()} over {jax.process_count()} "
                          "process(es)); make the axis sizes multiply to that")
     # One process: mesh_utils orders the devices for the topology (TPU ICI rings, NVLink
     # domains). Several: jax.devices() lists each process's devices together, so the
@@ -101,9 +105,10 @@ def make_mesh(num_devices: int | None = None, shape: dict[str, int] | None = Non
     if jax.process_count() == 1:
         from jax.experimental import mesh_utils
 
-        devices = mesh_utils.create_device_mesh(sizes, allow_split_physical_axes=True)
+        devices = mesh_utils.create_device_mesh(sizes, devices=pool,
+                                                allow_split_physical_axes=True)
     else:
-        devices = np.array(jax.devices()).reshape(sizes)
+        devices = np.array(pool).reshape(sizes)
     return Mesh(devices, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
 
 

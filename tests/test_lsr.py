@@ -513,3 +513,36 @@ def test_corpus_read_from_a_memory_mapped_store_trains_as_the_list(tmp_path):
     for a, b in zip(_params(listed), _params(stored)):
         np.testing.assert_allclose(a, b, atol=1e-6)
     assert [r["gold_in_topk"] for r in _log(listed)] == [r["gold_in_topk"] for r in _log(stored)]
+
+
+def test_lm_on_its_own_devices_trains_as_on_one(tmp_path):
+    """lm_mesh naming fewer devices than exist puts the LM on the last ones, apart from
+    training's first num_devices; the run reaches the parameters of the LM on one device."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    import warnings
+
+    from tests._models import tiny_lm as make_lm
+
+    from replug_jax.lm.flax_scorer import FlaxLM
+    from replug_jax.train.assemble import lm_mesh
+
+    cfg = dataclasses.replace(BASE, num_devices=4, total_steps=3, lm_mesh="data=2,model=2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mesh = lm_mesh(cfg)
+    assert list(mesh.devices.flat) == jax.devices()[4:]
+    with pytest.warns(UserWarning, match="overlap"):
+        lm_mesh(dataclasses.replace(cfg, num_devices=0))
+    apart = FlaxLM(make_lm(0).lm, max_context=256, batch_size=8, mesh=mesh)
+    assert {d for leaf in jax.tree.leaves(apart.state) for d in leaf.devices()} == set(
+        jax.devices()[4:])
+    one = make_trainer(tmp_path, "one", dataclasses.replace(cfg, lm_mesh=""))
+    two = make_trainer(tmp_path, "apart", cfg, lm=apart)
+    one.run()
+    two.run()
+    flat_two = jax.tree_util.tree_flatten_with_path(jax.device_get(two.state.params))[0]
+    for (path, a), b in zip(flat_two, _params(one)):
+        if "['key']['bias']" in jax.tree_util.keystr(path):  # zero true gradient: noise
+            continue  # (see test_eight_devices_equal_one)
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=jax.tree_util.keystr(path))

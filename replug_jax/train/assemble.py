@@ -49,14 +49,13 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
             import jax
 
             from replug_jax.lm.flax_scorer import FlaxLM
-            from replug_jax.sharding import make_mesh, parse_mesh
 
             if cfg.lm_mesh and jax.process_count() > 1:
                 raise ValueError("lm_mesh in a multi-process run: an LM sharded over every "
                                  "process needs every process to score the same pairs, but "
                                  "each LSR process scores its own rows; serve the LM "
                                  "(lm_api_base, e.g. vLLM) or train in one process")
-            mesh = make_mesh(shape=parse_mesh(cfg.lm_mesh)) if cfg.lm_mesh else None
+            mesh = lm_mesh(cfg) if cfg.lm_mesh else None
             lm = FlaxLM.load(cfg.lm, dtype=cfg.lm_dtype, mesh=mesh,
                              max_context=cfg.lm_max_context)
     tok = lm.tokenizer if lm is not None and hasattr(lm, "tokenizer") else \
@@ -73,3 +72,26 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
         dev = dev[:cfg.dev_examples]
     return LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=lm,
                       passages=load_passages(cfg, tok), train=train, dev=dev, progress=progress)
+
+
+def lm_mesh(cfg):
+    """The in-process LM's mesh: ``lm_mesh`` over every device, or, when its axes multiply to
+    fewer, over the last devices (the LM on its own devices; training takes the first
+    ``num_devices``, which should then leave those out)."""
+    import math
+    import warnings
+
+    import jax
+
+    from replug_jax.sharding import make_mesh, parse_mesh
+
+    shape = parse_mesh(cfg.lm_mesh)
+    n, total = math.prod(shape.values()), len(jax.devices())
+    if n > total:
+        raise ValueError(f"lm_mesh {cfg.lm_mesh} needs {n} devices; {total} are visible")
+    if n < total and (cfg.num_devices or total) > total - n:
+        warnings.warn(f"the LM takes the last {n} devices, which training's "
+                      f"{cfg.num_devices or total} devices overlap: set num_devices <= "
+                      f"{total - n} to give each its own", stacklevel=2)
+    return make_mesh(shape=shape, devices=jax.devices()[total - n:])
+

@@ -37,7 +37,9 @@ class LSRConfig:
     # updates; train/prefetch.py)
     lm_prefetch: bool = True
     # the in-process LM: "auto" = bfloat16 on accelerators, float32 on CPU; a mesh such as
-    # "model=8" or "data=2,model=4" shards it over the devices (every process's)
+    # "model=8" or "data=2,model=4" shards it over the devices (every process's); a mesh of
+    # fewer devices than exist takes the last ones: the LM on its own devices, apart from
+    # training's first num_devices
     lm_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     lm_mesh: str = ""
     similarity: Literal["cosine", "dot"] = "cosine"  # Eq. 1; the official code used dot
