@@ -94,4 +94,3 @@ def lm_mesh(cfg):
                       f"{cfg.num_devices or total} devices overlap: set num_devices <= "
                       f"{total - n} to give each its own", stacklevel=2)
     return make_mesh(shape=shape, devices=jax.devices()[total - n:])
-
