@@ -214,6 +214,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=1, help="timed rounds (default 1)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--name", default="scoring", help="results file stem (default scoring)")
+    ap.add_argument("--questions-per-article", type=int, default=48,
+                    help="SQuAD questions from each of 2 articles (default 48; the LSR QA "
+                         "study's test pools hold about 80 per article), NQ questions: half")
     args = ap.parse_args(argv)
     data = pathlib.Path(args.data)
     if not args.synthetic and (not (data / "squad_v1.1").is_dir()
@@ -238,7 +241,7 @@ def main(argv=None):
     torch_score = torch_scorer(args.lm, current, args.dtype) if with_torch else None
     rows, out = [], {"lm": args.lm, "dtype": args.dtype, "k": args.k, "matmul_peak_flops": peak,
                      "synthetic": args.synthetic}
-    n_q = 6 if args.quick else 16
+    n_q = 6 if args.quick else args.questions_per_article
     header = ("workload", "path", "pairs/s", "vs previous", "vs PyTorch", "padding",
               "tokens saved by reuse", "of matmul peak", "max |Δ log p| vs previous")
     if args.synthetic:

@@ -106,6 +106,10 @@ def test_plan_groups_documents_and_demonstrations():
 def test_buckets_and_rows():
     assert bucket_lengths(300)[-1] == 300 and all(b < 300 for b in bucket_lengths(300)[:-1])
     assert bucket(129, LENGTH_GRID) == 160 and bucket(16, LENGTH_GRID) == 16
+    assert bucket(20, LENGTH_GRID) == 24  # a question and its answer after a shared document
+    # at most a third of a row is padding from 16 tokens up
+    assert all(bucket(n, LENGTH_GRID) - n <= bucket(n, LENGTH_GRID) / 3
+               for n in range(16, LENGTH_GRID[-1] + 1))
     with pytest.raises(ValueError, match="exceeds the LM context of 300"):
         bucket(301, bucket_lengths(300))
     assert rows_for(128, 4096) == 32 and rows_for(100, 4096) == 32 and rows_for(5000, 4096) == 1

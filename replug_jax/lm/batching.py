@@ -21,9 +21,10 @@ layout and an LSR pool are all handled alike), and chooses which to compute once
 Reuse is exact: the grouped computation attends over the same keys as the whole sequence
 (``models.decoder``'s cache path), so results agree to float rounding.
 
-**Buckets and rows.** Lengths are padded to a fine fixed grid (:data:`LENGTH_GRID`, at most a
-third of padding, usually a few percent: a fixed grid keeps compiled programs reusable across
-calls), rows per batch come from a token budget (:func:`rows_for`), and a short last batch is
+**Buckets and rows.** Lengths are padded to a fine fixed grid (:data:`LENGTH_GRID`: at most a
+third of a row is padding from 16 tokens up, usually a few percent; steps of 8 below 64, where
+the suffixes scored after a shared document lie — a question and its answer; a fixed grid keeps
+compiled programs reusable across calls), rows per batch come from a token budget (:func:`rows_for`), and a short last batch is
 padded to a power of two rows, so a call compiles at most ``log2(rows) + 1`` row counts per
 length.
 """
@@ -33,9 +34,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-LENGTH_GRID = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024,
-               1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 8192, 12288, 16384,
-               24576, 32768)
+LENGTH_GRID = (8, 16, 24, 32, 40, 48, 56, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512,
+               640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144,
+               8192, 12288, 16384, 24576, 32768)
 
 
 def bucket_lengths(max_context: int) -> tuple[int, ...]:
