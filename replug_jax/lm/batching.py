@@ -24,9 +24,9 @@ Reuse is exact: the grouped computation attends over the same keys as the whole 
 **Buckets and rows.** Lengths are padded to a fine fixed grid (:data:`LENGTH_GRID`: at most a
 third of a row is padding from 16 tokens up, usually a few percent; steps of 8 below 64, where
 the suffixes scored after a shared document lie — a question and its answer; a fixed grid keeps
-compiled programs reusable across calls), rows per batch come from a token budget (:func:`rows_for`), and a short last batch is
-padded to a power of two rows, so a call compiles at most ``log2(rows) + 1`` row counts per
-length.
+compiled programs reusable across calls), rows per batch come from a token budget
+(:func:`rows_for`), and a short last batch is padded to a power of two rows, so a call
+compiles at most ``log2(rows) + 1`` row counts per length.
 """
 
 from __future__ import annotations
