@@ -295,7 +295,51 @@ def main(argv=None):
                                               for r, h in hs.items()}
                                           for n, hs in hits.items()}}},
         "seconds": sw.seconds, "provenance": provenance()}
+    if passes and cfg.release:
+        payload["released"] = str(release(retriever, runs[chosen]["params"], cfg, chosen,
+                                          rows, payload))
     write_report(payload, rows, cfg, args, chosen)
+
+
+def release(retriever, params, cfg, chosen: str, rows: dict, payload: dict) -> pathlib.Path:
+    """The chosen retriever as two towers in float16 (its trained query encoder, the base
+    passage encoder: the datastore's embeddings stay valid), with its card and the τ fitted
+    on dev; the card gives every number with its interval and the weights' SHA-256."""
+    from replug_jax.models.params import split_params, to_module
+    from replug_jax.train.export import write_two_towers
+
+    graphdef, template, _ = split_params(retriever.model.encoder)
+    query = dataclasses.replace(retriever.model, encoder=to_module(graphdef, template, params))
+    r, p = rows[chosen], payload
+    settings = {"similarity": retriever.similarity, "query_max_length":
+                retriever.query_max_length, "doc_max_length": retriever.max_length,
+                "trained_from": cfg.retriever, "temperature": r["tau"],
+                "temperature_fit": {"data": "SQuAD train dev-split articles", "grid":
+                                    list(cfg.tau_grid)}}
+    card = "\n".join([
+        "# REPLUG LSR retriever: all-MiniLM-L6-v2, query tower trained on SQuAD v1.1", "",
+        f"Trained by REPLUG LSR from `{cfg.lm}`'s answer likelihoods ({chosen}), query tower "
+        "only; the passage encoder is the base (`passage_encoder/`), so an index built with "
+        f"`{cfg.retriever}` serves it. Inference τ = {r['tau']:g}, fitted on dev.", "",
+        f"On {p['questions']['test']} questions of {p['articles']['test']} SQuAD dev articles "
+        "no retriever trained on (datastore: every SQuAD paragraph plus "
+        f"{p['datastore_passages']:,} passages in all), REPLUG k = {cfg.k}:", "",
+        f"- gold-answer log-likelihood per question: {r['test_loglik']:.3f}, "
+        f"{format_interval(r['vs_base'], 3)} vs the base retriever (95 % CI over articles)",
+        *(f"- recall@{k}: {r[f'recall@{k}']:.3f}, "
+          f"{format_interval(r[f'recall@{k}_vs_base'], 3)} vs the base" for k in cfg.recall_ks),
+        "", "Made by `python -m experiments.lsr_qa`; every number is in "
+        "`experiments/results/lsr_qa/`. Load with `Retriever.load(<this folder>)`, or the "
+        "query encoder with `SentenceTransformer(<this folder>)` and the passage encoder "
+        "with `SentenceTransformer(<this folder>/passage_encoder)`.", ""])
+    out = write_two_towers(query, retriever.model, cfg.release, settings, card)
+    digests = {f"{sub}model.safetensors": hashlib.sha256(
+        (out / sub / "model.safetensors").read_bytes()).hexdigest()
+        for sub in ("", "passage_encoder/")}
+    with open(out / "MODEL_CARD.md", "a") as f:
+        f.write("\nWeights (float16 safetensors), SHA-256:\n\n" + "".join(
+            f"- `{name}`: `{digest}`\n" for name, digest in digests.items()))
+    return out
 
 
 def chosen_name(runs: dict) -> str:

@@ -60,6 +60,7 @@ class QAStudyConfig:
     detectable_effect: float = 0.10  # nats per question, stated before the run
     bootstrap_resamples: int = 10_000
     workdir: str = "runs/lsr_qa"  # index, pools, runs (resumable)
+    release: str = "checkpoints/replug-lsr-minilm-squad"  # written only if the rule passes
     seed: int = 0
 
 
@@ -71,5 +72,5 @@ CONFIGS = {
                           objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),),
                           steps=4, batch_size=2, eval_every=2, patience=2,
                           tau_grid=(0.1, 1.0), max_generate=2, max_new_tokens=4,
-                          lm_max_context=512, bootstrap_resamples=200),
+                          lm_max_context=512, bootstrap_resamples=200, release=""),
 }

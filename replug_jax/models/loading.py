@@ -108,21 +108,26 @@ def load_retriever(source: str = DEFAULT_RETRIEVER, *, pooling: str | None = Non
 
 
 def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
-                     extra_files: dict[str, str] | None = None) -> pathlib.Path:
-    """Write ``retriever`` in HF layout so ``transformers.BertModel.from_pretrained`` loads it.
+                     extra_files: dict[str, str] | None = None, *,
+                     dtype: str = "float32") -> pathlib.Path:
+    """Write ``retriever`` in HF layout so ``transformers.BertModel.from_pretrained`` and
+    ``sentence_transformers.SentenceTransformer`` load it, weights in ``dtype`` (float32 or
+    float16, a release's size).
 
     Files are written to a temporary sibling folder and renamed into place, so a crash never
     leaves a half-written checkpoint under ``out_dir``.
     """
     import shutil
 
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")
     out = pathlib.Path(out_dir)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     _, state = nnx.split(retriever.encoder)
     flat = dict(nnx.to_flat_state(state))
-    tensors = {name: transform(np.asarray(flat[path][...], np.float32))  # -> HF layout
+    tensors = {name: transform(np.asarray(flat[path][...], np.float32)).astype(dtype)
                for path, (name, transform) in hf_name_map(retriever.config).items()}
     save_safetensors_atomic(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     write_json_atomic(retriever.config.to_hf(), tmp / "config.json")

@@ -81,6 +81,8 @@ class Retriever:
         self.retrieval_temperature = retrieval_temperature
         self.mesh = _local_mesh(devices)
         self._device = None  # one device other than the default (see on_devices)
+        # a separate query encoder (two towers, see load); None: this encoder embeds both
+        self.query_tower: Retriever | None = None
         n_dev = 1 if self.mesh is None else self.mesh.devices.size
         batch_size = batch_size or default_batch_size()
         self.batch_size = -(-batch_size // n_dev) * n_dev  # a multiple of the device count
@@ -109,13 +111,21 @@ class Retriever:
         ``replug.json`` (similarity, the sequence lengths it was trained with and, once
         fitted, its inference temperature), which ``kwargs`` may still override."""
         settings_path = pathlib.Path(source) / "replug.json"
+        passages = None
         if settings_path.is_file():
             trained = json.loads(settings_path.read_text())
             kwargs = {"similarity": trained["similarity"],
                       "max_length": trained["doc_max_length"],
                       "query_max_length": trained["query_max_length"],
                       "retrieval_temperature": trained.get("temperature"), **kwargs}
-        return cls(load_retriever(source), **kwargs)
+            passages = trained.get("passage_encoder")
+        if passages is None:
+            return cls(load_retriever(source), **kwargs)
+        # two towers (a retriever whose query tower alone was trained): the folder is the
+        # query encoder, the passage encoder lives in its subfolder
+        both = cls(load_retriever(str(pathlib.Path(source) / passages)), **kwargs)
+        both.query_tower = cls(load_retriever(source), **kwargs)
+        return both
 
     @classmethod
     def for_index(cls, directory: str | pathlib.Path, source: str | None = None):
@@ -136,9 +146,15 @@ class Retriever:
 
     @property
     def identity(self) -> dict:
-        return {"source": self.model.source, "fingerprint": self.model.fingerprint,
-                "pooling": self.model.pooling, "similarity": self.similarity,
-                "max_length": self.max_length}
+        """The passage encoder's identity (what an index built with it records), and the
+        query tower's source and fingerprint when it has its own."""
+        out = {"source": self.model.source, "fingerprint": self.model.fingerprint,
+               "pooling": self.model.pooling, "similarity": self.similarity,
+               "max_length": self.max_length}
+        if self.query_tower is not None:
+            out.update(query_source=self.query_tower.model.source,
+                       query_fingerprint=self.query_tower.model.fingerprint)
+        return out
 
     def tokenize(self, texts: Sequence[str], max_length: int | None = None,
                  side: str = "right") -> list[list[int]]:
@@ -254,7 +270,10 @@ class Retriever:
         return self.encode_ids(self.tokenize(texts), params, on_batch)
 
     def encode_queries(self, texts: Sequence[str], params=None) -> np.ndarray:
-        """Query embeddings: cut to ``query_max_length`` from the ``query_truncation`` side."""
+        """Query embeddings: cut to ``query_max_length`` from the ``query_truncation`` side;
+        by the query tower when there is one (``params``, given, are a query tower's)."""
+        if self.query_tower is not None and params is None:
+            return self.query_tower.encode_queries(texts)
         return self.encode_ids(self.tokenize(texts, self.query_max_length,
                                              self.query_truncation), params)
 

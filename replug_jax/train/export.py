@@ -64,6 +64,35 @@ def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
     return export_retriever(dataclasses.replace(model, encoder=encoder), out_dir, files)
 
 
+def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dict, card: str,
+                     *, dtype: str = "float16") -> pathlib.Path:
+    """A retriever whose query tower alone was trained, as one folder: the folder itself is
+    the query encoder (it loads with ``transformers.AutoModel`` and
+    ``sentence_transformers.SentenceTransformer`` as any BERT), ``passage_encoder/`` the
+    document encoder, and ``replug.json`` (``settings`` + ``passage_encoder``) makes
+    :meth:`~replug_jax.retrieval.encoder.Retriever.load` use both. ``query`` and
+    ``passages`` are :class:`~replug_jax.models.RetrieverModel` s; with cosine similarity
+    both declare their normalisation, so every library's embeddings are unit vectors as
+    REPLUG's are. Written atomically."""
+    import shutil
+
+    from replug_jax.fileio import replace_dir
+
+    out = pathlib.Path(out_dir)
+    tmp = out.with_name(out.name + ".two-towers")
+    shutil.rmtree(tmp, ignore_errors=True)
+    settings = {**settings, "passage_encoder": "passage_encoder"}
+    if settings.get("similarity") == "cosine":  # other libraries then embed as REPLUG does
+        query = dataclasses.replace(query, normalize=True)
+        passages = dataclasses.replace(passages, normalize=True)
+    export_retriever(query, tmp, {"MODEL_CARD.md": card,
+                                  "replug.json": json.dumps(settings, indent=2) + "\n"},
+                     dtype=dtype)
+    export_retriever(passages, tmp / "passage_encoder", dtype=dtype)
+    replace_dir(tmp, out)
+    return out
+
+
 def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir) -> str:
     lines = ["# REPLUG LSR retriever", "",
              f"- base retriever: `{cfg.retriever}` ({cfg.similarity} similarity, mean pooling)",

@@ -1,0 +1,106 @@
+"""A released two-tower retriever (the query tower trained, the passage tower the base): one
+folder of float16 safetensors that loads as one retriever in replug-jax, and whose towers load
+in transformers and sentence-transformers with the same embeddings within float16 rounding."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from tests._models import tiny_retriever
+
+TEXTS = ["Where does the Zorblat river flow?", "The lighthouse of Vorn was designed in 1851.",
+         "Bells cast from copper", "A market town on the Alpha River with an old bridge."]
+F16 = 3e-3  # float16 weights: embeddings (unit vectors) agree to a few thousandths
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    from replug_jax.models.params import split_params, to_module
+    from replug_jax.train.export import write_two_towers
+
+    base = tiny_retriever(0)
+    trained = tiny_retriever(1)  # another set of weights stands in for the trained query tower
+    graphdef, template, params = split_params(trained.model.encoder)
+    query = dataclasses.replace(base.model, encoder=to_module(graphdef, template, params))
+    out = write_two_towers(query, base.model, tmp_path_factory.mktemp("rel") / "retriever",
+                           {"similarity": "cosine", "query_max_length": 64,
+                            "doc_max_length": 64, "trained_from": "tiny"}, "# card\n")
+    return out, base, trained, jax.device_get(params)
+
+
+def test_two_towers_load_as_one_retriever(release):
+    from safetensors.numpy import load_file
+
+    from replug_jax.retrieval.encoder import Retriever
+
+    out, base, trained, params = release
+    for folder in (out, out / "passage_encoder"):
+        assert {t.dtype for t in load_file(folder / "model.safetensors").values()} == {
+            np.dtype(np.float16)}
+    assert json.loads((out / "replug.json").read_text())["passage_encoder"] == "passage_encoder"
+    both = Retriever.load(str(out))
+    np.testing.assert_allclose(both.encode_queries(TEXTS), trained.encode_queries(TEXTS),
+                               atol=F16)
+    np.testing.assert_allclose(both.encode_passages(TEXTS), base.encode_passages(TEXTS),
+                               atol=F16)
+    # the towers really differ: queries are not embedded by the passage encoder
+    assert np.abs(both.encode_queries(TEXTS) - both.encode_passages(TEXTS)).max() > 0.05
+    assert both.identity["fingerprint"] != both.identity["query_fingerprint"]
+    # the same query tower's weights given as params (what training evaluates with)
+    np.testing.assert_allclose(base.encode_queries(TEXTS, params),
+                               trained.encode_queries(TEXTS), atol=1e-6)
+
+
+@pytest.mark.torch
+def test_towers_load_in_transformers_and_sentence_transformers(release):
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("sentence_transformers")
+    from transformers import AutoModel, AutoTokenizer
+
+    out, base, trained, _ = release
+    for folder, ours in ((out, trained.encode_queries(TEXTS)),
+                         (out / "passage_encoder", base.encode_passages(TEXTS))):
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModel.from_pretrained(str(folder)).eval()
+        batch = tok(TEXTS, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            hidden = model(**batch).last_hidden_state
+        mask = batch["attention_mask"][..., None].float()
+        pooled = (hidden * mask).sum(1) / mask.sum(1)
+        theirs = torch.nn.functional.normalize(pooled, dim=-1).numpy()
+        np.testing.assert_allclose(theirs, ours, atol=F16)
+        np.testing.assert_allclose(st.SentenceTransformer(str(folder), device="cpu").encode(
+            TEXTS), ours, atol=F16)
+
+
+def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
+    """What `lsr_qa` writes when its rule passes: the two towers, τ in replug.json, a card
+    with the numbers and the SHA-256 of both weight files."""
+    import hashlib
+
+    from experiments import lsr_qa
+    from experiments.configs.lsr_qa import CONFIGS
+    from replug_jax.models.params import split_params
+    from replug_jax.retrieval.encoder import Retriever
+
+    base, trained = tiny_retriever(0), tiny_retriever(1)
+    _, _, params = split_params(trained.model.encoder)
+    cfg = dataclasses.replace(CONFIGS["tiny"], release=str(tmp_path / "rel"))
+    diff = {"difference": 0.5, "low": 0.2, "high": 0.8}
+    rows = {"chosen": {"tau": 0.05, "test_loglik": -3.2, "vs_base": diff, "recall@1": 0.6,
+                       "recall@1_vs_base": diff, "recall@2": 0.8, "recall@2_vs_base": diff}}
+    payload = {"questions": {"test": 3}, "articles": {"test": 1}, "datastore_passages": 20}
+    out = lsr_qa.release(base, jax.device_get(params), cfg, "chosen", rows, payload)
+    back = Retriever.load(str(out))
+    assert back.retrieval_temperature == 0.05
+    np.testing.assert_allclose(back.encode_queries(TEXTS), trained.encode_queries(TEXTS),
+                               atol=F16)
+    card = (out / "MODEL_CARD.md").read_text()
+    digest = hashlib.sha256((out / "passage_encoder" / "model.safetensors").read_bytes())
+    assert digest.hexdigest() in card and "+0.500 [+0.200, +0.800]" in card
+
