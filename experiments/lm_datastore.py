@@ -149,7 +149,9 @@ def open_datastore(spec: str, retriever, lm, passage_tokens: int, control_docume
     return Index.load(path, expect_encoder=retriever.identity), "none"
 
 
-def setup(cfg, lm, progress: bool = True) -> Setup:
+def setup(cfg, lm, progress: bool = True, sources=SOURCES) -> Setup:
+    """The windows and a pipeline per source; only the datastores ``sources`` need are opened
+    (the LM alone and the control can be scored before the main datastore's index exists)."""
     settings = WindowSettings(cfg.context_tokens, cfg.stride, cfg.query_tokens, cfg.skip_first,
                               "none", None)
     docs = evaluated_documents(cfg.eval_text, cfg.num_documents)
@@ -157,17 +159,26 @@ def setup(cfg, lm, progress: bool = True) -> Setup:
     if not windows:
         raise ValueError("no evaluated article is longer than skip_first tokens")
     retriever = load_retriever(cfg.retriever)
-    index, policy = open_datastore(cfg.datastore, retriever, lm, cfg.passage_tokens)
-    leaks = leaking_passages(windows, index.passages, cfg.leak_ngram, progress)
-    main_excl = [sorted(s) if cfg.drop_leaking else [] for s in leaks]
-    if policy != "none":
-        main_excl = [sorted(set(a) | set(b)) for a, b in zip(
-            main_excl, leakage_exclusions(windows, index.passages, policy))]
-    pipes = {s: Replug(lm, retriever, index, k=cfg.k, retrieval_temperature=1.0, seed=cfg.seed)
-             for s in ("none", "replug", "random", "concat")}
-    exclusions = {s: main_excl for s in pipes}
-    control_n = 0
-    if cfg.control_datastore:
+    pipes = {"none": Replug(lm, k=cfg.k, mode="none")}
+    exclusions = {"none": [[] for _ in windows]}
+    leakage, main_n, control_n = {}, 0, 0
+    if any(s in sources for s in ("replug", "random", "concat")):
+        index, policy = open_datastore(cfg.datastore, retriever, lm, cfg.passage_tokens)
+        main_n = len(index)
+        leaks = leaking_passages(windows, index.passages, cfg.leak_ngram, progress)
+        main_excl = [sorted(s) if cfg.drop_leaking else [] for s in leaks]
+        if policy != "none":
+            main_excl = [sorted(set(a) | set(b)) for a, b in zip(
+                main_excl, leakage_exclusions(windows, index.passages, policy))]
+        for s in ("replug", "random", "concat"):
+            pipes[s] = Replug(lm, retriever, index, k=cfg.k, retrieval_temperature=1.0,
+                              seed=cfg.seed)
+            exclusions[s] = main_excl
+        leakage = {"ngram": cfg.leak_ngram, "drop_leaking": cfg.drop_leaking,
+                   "windows_with_a_leaking_passage": float(np.mean([bool(s) for s in leaks])),
+                   "leaking_passages_per_window": float(np.mean([len(s) for s in leaks])),
+                   "per_window": [len(s) for s in leaks]}
+    if cfg.control_datastore and any(s in sources for s in _CONTROL):
         control, cpolicy = open_datastore(cfg.control_datastore, retriever, lm,
                                           cfg.passage_tokens, cfg.control_documents)
         control_n = len(control)
@@ -176,11 +187,7 @@ def setup(cfg, lm, progress: bool = True) -> Setup:
             pipes[s] = Replug(lm, retriever, control, k=cfg.k, retrieval_temperature=1.0,
                               seed=cfg.seed)
             exclusions[s] = cexcl
-    leakage = {"ngram": cfg.leak_ngram, "drop_leaking": cfg.drop_leaking,
-               "windows_with_a_leaking_passage": float(np.mean([bool(s) for s in leaks])),
-               "leaking_passages_per_window": float(np.mean([len(s) for s in leaks])),
-               "per_window": [len(s) for s in leaks]}
-    return Setup(docs, windows, article_of, pipes, exclusions, leakage, len(index), control_n)
+    return Setup(docs, windows, article_of, pipes, exclusions, leakage, main_n, control_n)
 
 
 def cache_folder(cfg, st: Setup) -> pathlib.Path:
@@ -290,3 +297,33 @@ def fitted_tau(scored: dict, article_of: np.ndarray, grid, folds: int, seed: int
         tau_N[fold == f] = best
         chosen.append(best)
     return tau_N, chosen
+
+
+def main(argv=None):
+    """Score (and cache) a Table 1 config's windows for some sources only: to start before
+    the datastore's index is built (the LM alone and the format control need none of it), or
+    to spread the sources over machines sharing the cache folder. ``python -m
+    experiments.table1_lm`` then reads them and scores the rest."""
+    import argparse
+
+    from experiments.common import add_standard_args, load_lm, pick_config, run
+    from experiments.configs.table1_lm import CONFIGS
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    add_standard_args(ap, CONFIGS)
+    ap.add_argument("--sources", nargs="+", choices=SOURCES, required=True,
+                    help="what to score: " + ", ".join(SOURCES))
+    args = ap.parse_args(argv)
+
+    def go():
+        cfg = pick_config(CONFIGS, args.config, args.set)
+        st = setup(cfg, load_lm(cfg.lm, cfg.max_context), not args.no_progress, args.sources)
+        score_windows(cfg, st, args.sources, progress=not args.no_progress)
+        print(f"scored {len(st.windows)} windows for {', '.join(args.sources)} into "
+              f"{cache_folder(cfg, st)}")
+
+    run(go)
+
+
+if __name__ == "__main__":
+    main()

@@ -195,11 +195,16 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     """The real-datastore setting end to end on a few enwiki articles: every row, per-window
     values with article ids, the leakage rate, the format control; Figure 4 from the same
     cached scores (no LM call the second time)."""
-    from experiments import figure4_num_docs, table1_lm
+    from experiments import figure4_num_docs, lm_datastore, table1_lm
 
     common = ["--config", "tiny_enwiki", "--out", str(tmp_path), "--no-progress",
               "--set", f"cache={tmp_path / 'cache'}"]
+    # the LM alone and the control scored first (before any enwiki index): reused after
+    lm_datastore.main(common + ["--sources", "none", "control_random"])
+    early = {p: p.stat().st_mtime_ns for p in (tmp_path / "cache").rglob("*.npz")}
+    assert len(early) == 2 * 2
     table1_lm.main(common)
+    assert all(p.stat().st_mtime_ns == t for p, t in early.items())
     res = json.loads((tmp_path / "table1_lm" / "tiny_enwiki.json").read_text())
     assert res["windows"] == 4 and len(set(res["per_window"]["article"])) == 2
     rows = res["per_window"]["loglik"]
