@@ -26,12 +26,9 @@ from replug_jax.retrieval.faiss_index import (
     Index,
     build_faiss,
     check_factory,
-    check_shard,
-    finish_index,
-    read_shard_info,
-    write_shard,
 )
 from replug_jax.retrieval.integrity import IndexLoadError
+from replug_jax.retrieval.shards import check_shard, finish_index, read_shard_info, write_shard
 from replug_jax.retrieval.quality import recall_report, sample_digest
 from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import barrier

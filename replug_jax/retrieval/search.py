@@ -63,7 +63,7 @@ def per_query_exclusions(exclude_ids, num_queries: int) -> list[set[int]]:
 
 
 def assemble(store: PassageStore, scores_BF: np.ndarray, rows_BF: np.ndarray,
-              excl: list[set[int]], k: int) -> SearchResult:
+             excl: list[set[int]], k: int) -> SearchResult:
     """The top-``k`` of ranked candidates (rows -1 = none) per query, minus exclusions, with
     their passages fetched in one vectorised read."""
     b = scores_BF.shape[0]

@@ -262,4 +262,3 @@ class PassageTexts(Sequence[str]):
         if not -len(self) <= i < len(self):
             raise IndexError(i)
         return corpus_text(self.store.row(self.lo + i % len(self)))
-
