@@ -32,8 +32,8 @@ BASE = LSRConfig(retriever="tiny", lm="tiny", k=4, batch_size=8, total_steps=6,
 
 def make_trainer(tmp_path, name="run", cfg=BASE, **kw):
     return LSRTrainer(cfg, tmp_path / name, retriever=tiny_retriever(0),
-                      lm_scorer=kw.pop("lm", tiny_lm(0)), passages=PASSAGES, train=TRAIN,
-                      progress=False, **kw)
+                      lm_scorer=kw.pop("lm", tiny_lm(0)), passages=kw.pop("passages", PASSAGES),
+                      train=TRAIN, progress=False, **kw)
 
 
 def _params(trainer):
@@ -506,9 +506,8 @@ def test_corpus_read_from_a_memory_mapped_store_trains_as_the_list(tmp_path):
     write_store(PASSAGES, tmp_path / "passages.arrow")
     listed = make_trainer(tmp_path, "list", cfg)
     listed.run()
-    store = PassageStore.open(tmp_path / "passages.arrow")
-    stored = LSRTrainer(cfg, tmp_path / "store", retriever=tiny_retriever(0),
-                        lm_scorer=tiny_lm(0), passages=store, train=TRAIN, progress=False)
+    stored = make_trainer(tmp_path, "store", cfg,
+                          passages=PassageStore.open(tmp_path / "passages.arrow"))
     stored.run()
     for a, b in zip(_params(listed), _params(stored)):
         np.testing.assert_allclose(a, b, atol=1e-6)

@@ -45,10 +45,13 @@ _TOPK = textwrap.dedent("""
 
 _LSR = textwrap.dedent("""
     import dataclasses, pathlib
-    from tests.test_lsr import BASE, make_trainer
+    from tests.test_lsr import BASE, PASSAGES, make_trainer
+    from replug_jax.retrieval.store import PassageStore
     from replug_jax.sharding import host_copy
     cfg = dataclasses.replace(BASE, **{overrides!r})
-    t = make_trainer(pathlib.Path(out), "two", cfg)
+    store = {store!r}  # a passage store file both processes read, or None: the list
+    t = make_trainer(pathlib.Path(out), "two", cfg,
+                     passages=PassageStore.open(store) if store else PASSAGES)
     t.run()
     if jax.process_index() == 0:
         leaves = jax.tree_util.tree_flatten_with_path(host_copy(t.state.params))[0]
@@ -113,7 +116,7 @@ def test_two_processes_lsr_equals_one_process_across_a_refresh(tmp_path):
 
     overrides = {"num_devices": 8, "total_steps": 5, "refresh_every": 2,
                  "index_backend": "jax", "index_dtype": "float32"}
-    _run_two(_LSR, str(tmp_path), overrides=overrides)
+    _run_two(_LSR, str(tmp_path), overrides=overrides, store=None)
     one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, **overrides))
     one.run()
     two = np.load(tmp_path / "params.npz")
@@ -265,13 +268,17 @@ def test_a_killed_two_process_run_resumes_both_at_one_step(tmp_path):
 @pytest.mark.slow
 def test_two_processes_with_prefetched_scoring_equal_one_synchronous_process(tmp_path):
     """Two processes prefetching their next rows' LM scores (FAISS index: a local search per
-    process) train to the parameters of one process scoring every pair in its step."""
+    process), reading the corpus from a memory-mapped passage store, train to the parameters
+    of one process scoring every pair in its step with the corpus as a list."""
     _need_eight()
     from replug_jax.retrieval.corpus import corpus_text
     from tests.test_lsr import BASE, PASSAGES, make_trainer
 
     overrides = {"num_devices": 8, "total_steps": 4, "refresh_every": 2, "lm_prefetch": True}
-    _run_two(_LSR, str(tmp_path), overrides=overrides)
+    from replug_jax.retrieval.store import write_store
+
+    write_store(PASSAGES, tmp_path / "passages.arrow")  # and the corpus read from disk
+    _run_two(_LSR, str(tmp_path), overrides=overrides, store=str(tmp_path / "passages.arrow"))
     one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, **{**overrides,
                                                                      "lm_prefetch": False}))
     one.run()
