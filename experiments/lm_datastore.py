@@ -184,17 +184,26 @@ def setup(cfg, lm, progress: bool = True, sources=SOURCES) -> Setup:
         control_n = len(control)
         cexcl = leakage_exclusions(windows, control.passages, cpolicy)
         for s in _CONTROL:
-            pipes[s] = Replug(lm, retriever, control, k=cfg.k, retrieval_temperature=1.0,
-                              seed=cfg.seed)
+            pipes[s] = Replug(lm, retriever, control, k=source_k(cfg, s),
+                              retrieval_temperature=1.0, seed=cfg.seed)
             exclusions[s] = cexcl
     return Setup(docs, windows, article_of, pipes, exclusions, leakage, main_n, control_n)
 
 
-def cache_folder(cfg, st: Setup) -> pathlib.Path:
-    """The folder of this run's scored batches: named by the digest of the config fields that
-    decide the scores and of the windows themselves."""
+_NOT_SCORES = ("ks", "batch_size", "tau_grid", "tau_folds", "cache", "modes")
+_CONTROL_FIELDS = ("control_datastore", "control_documents", "control_k")
+
+
+def source_k(cfg, source: str) -> int:
+    """Documents per window of a source: ``control_k`` (default ``k``) for the control."""
+    return (cfg.control_k or cfg.k) if source in _CONTROL else cfg.k
+
+
+def cache_folder(cfg, st: Setup, source: str = "none") -> pathlib.Path:
+    """The folder of a source's scored batches: named by the digest of the config fields that
+    decide its scores (the control's settings only for the control) and of the windows."""
     fields = {k: v for k, v in dataclasses.asdict(cfg).items()
-              if k not in ("ks", "batch_size", "tau_grid", "tau_folds", "cache", "modes")}
+              if k not in _NOT_SCORES and (source in _CONTROL or k not in _CONTROL_FIELDS)}
     spec = json.dumps({"config": fields, "windows": [(w.source_id, w.span) for w in st.windows]},
                       sort_keys=True, default=str)
     digest = hashlib.sha256(spec.encode()).hexdigest()[:16]
@@ -214,16 +223,16 @@ def score_windows(cfg, st: Setup, sources, progress: bool = True) -> dict:
     ``bytes`` [N]; computed batch by batch and cached (module docstring)."""
     from tqdm.auto import tqdm
 
-    folder = cache_folder(cfg, st)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(json.dumps({"windows": len(st.windows), "config": dataclasses.asdict(cfg)},
-                                 indent=1, default=str), folder / "spec.json")
     n, bs = len(st.windows), cfg.batch_size
     out = {}
     for source in sources:
-        mode = _CONTROL.get(source, source)
+        mode, k = _CONTROL.get(source, source), source_k(cfg, source)
         if source not in st.pipes:
             raise ValueError(f"source {source!r} needs control_datastore to be set")
+        folder = cache_folder(cfg, st, source)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(json.dumps({"windows": len(st.windows), "config": dataclasses.asdict(
+            cfg)}, indent=1, default=str), folder / "spec.json")
         parts = []
         bar = tqdm(total=n, desc=f"lm:{source}", unit="window", disable=not progress)
         for start in range(0, n, bs):
@@ -232,9 +241,9 @@ def score_windows(cfg, st: Setup, sources, progress: bool = True) -> dict:
                 batch = st.windows[start:start + bs]
                 res = st.pipes[source].score(
                     [w.context for w in batch], [w.target for w in batch],
-                    [w.query for w in batch], mode=mode, k=cfg.k,
+                    [w.query for w in batch], mode=mode, k=k,
                     exclude_ids=st.exclusions[source][start:start + bs], reliance=False)
-                _save_npz(path, **_pack(res, cfg.k, cfg.stride))
+                _save_npz(path, **_pack(res, k, cfg.stride))
             with np.load(path, allow_pickle=False) as z:
                 parts.append({key: z[key] for key in z.files})
             bar.update(min(bs, n - start))
@@ -320,7 +329,7 @@ def main(argv=None):
         st = setup(cfg, load_lm(cfg.lm, cfg.max_context), not args.no_progress, args.sources)
         score_windows(cfg, st, args.sources, progress=not args.no_progress)
         print(f"scored {len(st.windows)} windows for {', '.join(args.sources)} into "
-              f"{cache_folder(cfg, st)}")
+              f"{cache_folder(cfg, st, args.sources[0]).parent}")
 
     run(go)
 

@@ -77,8 +77,12 @@ def rows_of(cfg, st, scored) -> tuple[dict, list]:
             f"random datastore passages (k={k})": ll(scored["random"]),
             f"concatenation of the top-{k}": ll(scored["concat"])}
     if "control_replug" in scored:
-        rows[f"REPLUG on WikiText test articles (k={k})"] = ll(scored["control_replug"])
-        rows[f"random WikiText test passages (k={k})"] = ll(scored["control_random"])
+        kc = lm_datastore.source_k(cfg, "control_replug")
+        if kc != k:  # the datastore's rows at the control's k: the first kc branches
+            rows[f"REPLUG (k={kc}, τ=1)"] = ll(scored["replug"], k=kc)
+            rows[f"random datastore passages (k={kc})"] = ll(scored["random"], k=kc)
+        rows[f"REPLUG on WikiText test articles (k={kc})"] = ll(scored["control_replug"])
+        rows[f"random WikiText test passages (k={kc})"] = ll(scored["control_random"])
     return rows, taus
 
 
@@ -102,17 +106,20 @@ def main_datastore(args, cfg):
                  rows[f"REPLUG (k={k}, τ cross-fitted)"], replug, nbytes, **kw),
              "REPLUG − concatenation": bpb_difference(
                  replug, rows[f"concatenation of the top-{k}"], nbytes, **kw)}
-    if cfg.control_datastore:
-        wt_replug = rows[f"REPLUG on WikiText test articles (k={k})"]
-        wt_random = rows[f"random WikiText test passages (k={k})"]
-        pairs |= {"format: random WikiText − random datastore passages":
-                  bpb_difference(wt_random, random, nbytes, **kw),
-                  "content, datastore: REPLUG − random datastore passages":
-                  pairs["REPLUG − random datastore passages"],
-                  "content, WikiText: REPLUG − random WikiText passages":
+    if cfg.control_datastore:  # format × content, every system at the control's k
+        kc = lm_datastore.source_k(cfg, "control_replug")
+        wt_replug = rows[f"REPLUG on WikiText test articles (k={kc})"]
+        wt_random = rows[f"random WikiText test passages (k={kc})"]
+        ds_replug = rows[f"REPLUG (k={kc}, τ=1)" if kc != k else f"REPLUG (k={k}, τ=1)"]
+        ds_random = rows[f"random datastore passages (k={kc})"]
+        pairs |= {f"format (k={kc}): random WikiText − random datastore passages":
+                  bpb_difference(wt_random, ds_random, nbytes, **kw),
+                  f"content, datastore (k={kc}): REPLUG − random datastore passages":
+                  bpb_difference(ds_replug, ds_random, nbytes, **kw),
+                  f"content, WikiText (k={kc}): REPLUG − random WikiText passages":
                   bpb_difference(wt_replug, wt_random, nbytes, **kw),
-                  "REPLUG datastore − REPLUG WikiText": bpb_difference(replug, wt_replug,
-                                                                       nbytes, **kw)}
+                  f"REPLUG datastore − REPLUG WikiText (k={kc})":
+                  bpb_difference(ds_replug, wt_replug, nbytes, **kw)}
     base = levels["LM alone"]["difference"]
     table = [(name, _fmt_level(levels[name]),
               f"{100 * (levels[name]['difference'] - base) / base:+.1f} %",

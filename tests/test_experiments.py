@@ -208,12 +208,13 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     res = json.loads((tmp_path / "table1_lm" / "tiny_enwiki.json").read_text())
     assert res["windows"] == 4 and len(set(res["per_window"]["article"])) == 2
     rows = res["per_window"]["loglik"]
-    assert len(rows) == 8 and all(len(v) == 4 for v in rows.values())
+    assert len(rows) == 10 and all(len(v) == 4 for v in rows.values())
     levels = res["bits_per_byte"]
     assert all(d["low"] <= d["difference"] <= d["high"] for d in levels.values())
     assert res["datastore_passages"] >= 13  # the twelve FACT articles and the copy
     assert 0 < res["leakage"]["windows_with_a_leaking_passage"] <= 1  # the copy leaks
-    assert "format: random WikiText − random datastore passages" in res["paired_differences"]
+    assert "format (k=1): random WikiText − random datastore passages" in res[
+        "paired_differences"]
     batches = sorted((tmp_path / "cache").rglob("*.npz"))
     assert len(batches) == 6 * 2  # six sources × two batches of two windows
     stamps = [p.stat().st_mtime_ns for p in batches]

@@ -37,6 +37,7 @@ class LMConfig:
     windows: int = 256  # evaluated windows, taken in rounds over all articles
     control_datastore: str = ""  # format control: "wikitext103" (other test articles) or ""
     control_documents: int = 0  # articles chunked into the control datastore (0 = all)
+    control_k: int = 0  # documents per window of the control (0 = k); compared at this k
     leak_ngram: int = 13  # a window leaks into a passage sharing a word n-gram with its target
     drop_leaking: bool = False  # exclude each window's leaking passages from its retrieval
     tau_grid: tuple = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)  # τ fitted on folds
@@ -49,14 +50,14 @@ ENWIKI_INDEX = "runs/enwiki_idx"
 SMALL = LMConfig()  # the earlier setting: a small in-domain datastore (WikiText-2 test)
 
 CONFIGS = {
-    "default": LMConfig(datastore=ENWIKI_INDEX, control_datastore="wikitext103",
+    "default": LMConfig(datastore=ENWIKI_INDEX, control_datastore="wikitext103", control_k=4,
                         num_documents=0, max_context=2048, batch_size=2, ks=tuple(range(1, 11))),
     # the same with every passage sharing a 13-gram with the window's target removed
-    "no_leak": LMConfig(datastore=ENWIKI_INDEX, control_datastore="wikitext103",
+    "no_leak": LMConfig(datastore=ENWIKI_INDEX, control_datastore="wikitext103", control_k=4,
                         num_documents=0, max_context=2048, batch_size=2, drop_leaking=True,
                         ks=tuple(range(1, 11))),
     "tiny_enwiki": LMConfig(datastore="enwiki:13", control_datastore="wikitext103",
-                            control_documents=3, num_documents=2, windows=4,
+                            control_documents=3, control_k=1, num_documents=2, windows=4,
                             passage_tokens=32, context_tokens=32, stride=32, query_tokens=32,
                             skip_first=32, k=2, ks=(1, 2), max_context=512, tau_folds=2),
     "wikitext2_datastore": SMALL,
