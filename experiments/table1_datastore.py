@@ -39,6 +39,12 @@ def _scored(cfg, args, sources):
     return st, lm_datastore.score_windows(cfg, st, sources, progress=not args.no_progress)
 
 
+def _articles(article_of: np.ndarray):
+    """Cluster labels for the bootstrap: whole articles, or the windows themselves when they
+    all come from one article."""
+    return article_of if len(np.unique(article_of)) > 1 else None
+
+
 def _level(ll, nbytes, clusters, seed):
     """Bits per byte of one system with its article-clustered interval."""
     return bpb_difference(ll, np.zeros_like(ll), nbytes, clusters=clusters, seed=seed)
@@ -93,7 +99,7 @@ def main_datastore(args, cfg):
         st, scored = _scored(cfg, args, sources)
     rows, taus = rows_of(cfg, st, scored)
     nbytes = scored["none"]["bytes"].astype(np.float64)
-    clusters = st.article_of
+    clusters = _articles(st.article_of)
     kw = {"clusters": clusters, "seed": cfg.seed}
     alone = rows["LM alone"]
     levels = {name: _level(v, nbytes, clusters, cfg.seed) for name, v in rows.items()}
@@ -166,7 +172,7 @@ def figure4_datastore(args, cfg):
         st, scored = _scored(cfg, args, ("none", "replug", "random"))
     ll = lm_datastore.window_logliks
     nbytes = scored["none"]["bytes"].astype(np.float64)
-    kw = {"clusters": st.article_of, "seed": cfg.seed}
+    kw = {"clusters": _articles(st.article_of), "seed": cfg.seed}
     alone = ll(scored["none"])
     curves, versus, taus = {}, {}, {}
     for k in ks:
@@ -177,11 +183,11 @@ def figure4_datastore(args, cfg):
         for name, v in (("retrieved, τ=1", ll(scored["replug"], k=k)),
                         ("retrieved, τ cross-fitted", ll(sub, tau=tau_N)),
                         ("random", ll(scored["random"], k=k))):
-            curves.setdefault(name, {})[k] = _level(v, nbytes, st.article_of, cfg.seed)
+            curves.setdefault(name, {})[k] = _level(v, nbytes, kw["clusters"], cfg.seed)
             versus.setdefault(name, {})[k] = bpb_difference(v, alone, nbytes, **kw)
         versus.setdefault("retrieved − random", {})[k] = bpb_difference(
             ll(scored["replug"], k=k), ll(scored["random"], k=k), nbytes, **kw)
-    level_alone = _level(alone, nbytes, st.article_of, cfg.seed)
+    level_alone = _level(alone, nbytes, kw["clusters"], cfg.seed)
     table = [(k, *(_fmt_level(curves[n][k]) for n in curves),
               *(format_interval(versus[n][k], 4) for n in versus)) for k in ks]
     payload = {"config": dataclasses.asdict(cfg), "seconds": sw.seconds, "ks": ks,
