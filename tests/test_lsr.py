@@ -31,7 +31,8 @@ BASE = LSRConfig(retriever="tiny", lm="tiny", k=4, batch_size=8, total_steps=6,
 
 
 def make_trainer(tmp_path, name="run", cfg=BASE, **kw):
-    return LSRTrainer(cfg, tmp_path / name, retriever=tiny_retriever(0),
+    retriever = kw.pop("retriever", None) or tiny_retriever(0)
+    return LSRTrainer(cfg, tmp_path / name, retriever=retriever,
                       lm_scorer=kw.pop("lm", tiny_lm(0)), passages=kw.pop("passages", PASSAGES),
                       train=TRAIN, progress=False, **kw)
 

@@ -51,6 +51,10 @@ def test_two_towers_load_as_one_retriever(release):
     # the towers really differ: queries are not embedded by the passage encoder
     assert np.abs(both.encode_queries(TEXTS) - both.encode_passages(TEXTS)).max() > 0.05
     assert both.identity["fingerprint"] != both.identity["query_fingerprint"]
+    with pytest.raises(ValueError, match="two towers"):  # train-lsr trains one encoder
+        from tests.test_lsr import make_trainer
+
+        make_trainer(out.parent / "train", retriever=both)
     # the same query tower's weights given as params (what training evaluates with)
     np.testing.assert_allclose(base.encode_queries(TEXTS, params),
                                trained.encode_queries(TEXTS), atol=1e-6)

@@ -94,6 +94,10 @@ class LSRTrainer:
             raise ValueError("the retrieval corpus is empty")
         if not train:
             raise ValueError("no training examples")
+        if retriever.query_tower is not None:
+            raise ValueError("this retriever has two towers (a query encoder of its own); the "
+                             "trainer trains one shared encoder: start from one of its "
+                             "folders (the query tower, or passage_encoder/)")
         self.cfg = cfg
         self.workdir = pathlib.Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
