@@ -166,6 +166,24 @@ def test_reuse_equals_whole_sequence_scoring(family):
     assert reuse.prefix_cache.hits >= 4
 
 
+def test_head_from_the_first_scored_position_equals_the_whole_head():
+    """Whole-sequence scoring computes the vocabulary head only from the batch's first scored
+    position (rounded down to HEAD_STEP; each of these lengths is its own bucket, so the
+    heads start at 128, 64, 192 and 0): the log-probs of the full head at those positions."""
+    lm = tiny_lm(0, max_context=512)
+    lm.kv_reuse = False
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(5, 2000, n).tolist() for n in (150, 70, 200, 9)]
+    conts = [rng.integers(5, 2000, n).tolist() for n in (5, 12, 3, 7)]
+    got = lm.score_token_ids(prompts, conts)
+    for p, c, g in zip(prompts, conts, got):
+        seq = np.array([p + c], np.int32)
+        pos = np.arange(seq.shape[1], dtype=np.int32)[None]
+        targets = np.concatenate([seq[:, 1:], np.zeros((1, 1), np.int32)], 1)
+        full = np.asarray(lm._score_fn(lm.state, seq, pos, targets))  # start = 0
+        np.testing.assert_allclose(g, full[0, len(p) - 1:len(p) + len(c) - 1], atol=1e-5)
+
+
 def test_reuse_through_the_pipeline_text_api():
     """``score_continuations`` (the pipeline's entry) with and without reuse: same log-probs
     on branches ``d ∘ x`` built from text."""

@@ -49,6 +49,10 @@ from replug_jax.timing import Timer
 
 __all__ = ["FlaxLM", "EnsembleGeneration", "ScoringStats"]
 
+# Whole-sequence scoring computes the vocabulary head from the batch's first scored position,
+# rounded down to a multiple of this (a few compiled variants per shape, not one per prompt).
+HEAD_STEP = 64
+
 
 def _on_accelerator() -> bool:
     return jax.default_backend() != "cpu"
@@ -125,10 +129,14 @@ class FlaxLM(EnsembleDecoding):
 
         # Rows are right-padded sequences from position 0 (`_pack`): `right_padded` lets a
         # GPU run fused causal attention.
-        def score_fn(state, tokens_BL, positions_BL, targets_BL):
+        # `start` (static): the vocabulary head runs only from that position on, where the
+        # scored continuations are (the prompt's positions need no logits: a fifth of a small
+        # LM's compute, and most of a long few-shot prompt's head). Returns [B, L - start].
+        def score_fn(state, tokens_BL, positions_BL, targets_BL, start=0):
             model = nnx.merge(graphdef, state)
             x_BLD, _ = model.hidden(tokens_BL, positions_BL, right_padded=True)
-            return place.replicated(target_logprobs(model, x_BLD, targets_BL))
+            return place.replicated(target_logprobs(model, x_BLD[:, start:],
+                                                    targets_BL[:, start:]))
 
         def last_fn(state, tokens_BL, positions_BL, last_B):
             logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL, right_padded=True)
@@ -139,7 +147,7 @@ class FlaxLM(EnsembleDecoding):
             logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL, right_padded=True)
             return place.replicated(jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), n))
 
-        self._score_fn = jax.jit(place.traced(score_fn))
+        self._score_fn = jax.jit(place.traced(score_fn), static_argnames=("start",))
         self._last_fn = jax.jit(place.traced(last_fn))
         self._topn_fn = jax.jit(place.traced(topn_fn), static_argnames=("n",))
         self._prefix_fn, self._suffix_fn = compile_fns(graphdef, lm.config, place)
@@ -242,12 +250,14 @@ class FlaxLM(EnsembleDecoding):
                 for j, i in enumerate(idx):
                     targets[j, :lengths[i] - 1] = seqs[i][1:]
                 rows_ = self.place.rows
+                # the head from the first scored position, in steps of HEAD_STEP (few shapes)
+                start = (min(prompt_lens[i] for i in idx) - 1) // HEAD_STEP * HEAD_STEP
                 logp = np.asarray(self._score_fn(self.state, rows_(tokens), rows_(positions),
-                                                 rows_(targets)))
+                                                 rows_(targets), start=start))
                 self.stats.tally(sum(lengths[i] for i in idx), rows * length)
                 for j, i in enumerate(idx):
                     p = prompt_lens[i]
-                    out[i] = logp[j, p - 1:lengths[i] - 1].astype(np.float32)
+                    out[i] = logp[j, p - 1 - start:lengths[i] - 1 - start].astype(np.float32)
         self.stats.whole_tokens += sum(map(len, seqs))
         self.stats.reused_prefixes += len(groups)
         self.stats.shared_rows += sum(len(g.members) for g in groups)
