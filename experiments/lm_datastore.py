@@ -34,6 +34,7 @@ import re
 import numpy as np
 
 from experiments.common import ROOT, load_retriever, require_data
+from replug_jax.core.ensemble import mixture_logprobs, retrieval_log_weights
 from replug_jax.eval.perplexity import WindowSettings, sliding_windows, split_wikitext
 from replug_jax.fileio import write_text_atomic
 from replug_jax.replug import Replug
@@ -274,19 +275,16 @@ def window_logliks(scored: dict, k: int | None = None, tau: float | np.ndarray =
                    ) -> np.ndarray:
     """[N] per-window log-likelihood of the mixture of each window's first ``k`` branches
     (all: None) with ``λ = softmax(s/τ)`` (uniform where scores are NaN: random documents);
-    ``tau`` may be one per window. REPLUG's Eq. of §3.2 at the gold tokens, summed."""
+    ``tau`` may be one per window. REPLUG's Eq. of §3.2 at the gold tokens, summed
+    (:func:`~replug_jax.core.ensemble.retrieval_log_weights`,
+    :func:`~replug_jax.core.ensemble.mixture_logprobs`)."""
     lp, length = scored["lp"], scored["length"]
-    branches, scores = scored["branches"], scored["scores"]
     n, kmax, t = lp.shape
-    use = np.minimum(branches, k or kmax)
-    member = np.arange(kmax)[None, :] < use[:, None]
-    s = np.where(np.isnan(scores), 0.0, scores) / np.broadcast_to(np.asarray(tau, np.float64),
-                                                                  (n,))[:, None]
-    s = np.where(member, s, -np.inf)
-    log_w = s - np.logaddexp.reduce(s, axis=1, keepdims=True)
-    mix = np.logaddexp.reduce(log_w[:, :, None] + lp.astype(np.float64), axis=1)
-    valid = np.arange(t)[None, :] < length[:, None]
-    return np.where(valid, mix, 0.0).sum(1)
+    member = np.arange(kmax)[None, :] < np.minimum(scored["branches"], k or kmax)[:, None]
+    tau_N = np.broadcast_to(np.asarray(tau, np.float64), (n,))
+    log_w = retrieval_log_weights(np.nan_to_num(scored["scores"]) / tau_N[:, None], 1.0, member)
+    mix = np.asarray(mixture_logprobs(lp, log_w), np.float64)
+    return np.where(np.arange(t)[None, :] < length[:, None], mix, 0.0).sum(1)
 
 
 def fitted_tau(scored: dict, article_of: np.ndarray, grid, folds: int, seed: int = 0):

@@ -40,6 +40,7 @@ from experiments.common import (
 )
 from experiments.configs.lsr_qa import CONFIGS, PRIMARY_ENDPOINT
 from experiments.lsr_common import label, min_detectable, save_params, slug, variants
+from replug_jax.core.ensemble import retrieval_log_weights
 from replug_jax.eval.qa import exact_match, f1_score, first_line
 from replug_jax.eval.stats import format_interval, paired_bootstrap
 from replug_jax.fileio import write_json_atomic
@@ -103,14 +104,10 @@ def fit_tau(pool, scores_EM, k: int, grid) -> tuple[float, float]:
     return float(grid[best]), means[best]
 
 
-def pool_scores(retriever, params, pool, examples, frozen: dict) -> np.ndarray:
+def pool_scores(retriever, params, pool, examples, by_id, frozen: dict) -> np.ndarray:
     """``[E, M]`` similarities of each question (``params``) to its pool's passages (base
-    document embeddings)."""
-    q = retriever.encode_queries([e.query for e in examples], params)
-    d = np.zeros(pool.doc_ids_EM.shape + (q.shape[1],), np.float32)
-    for (i, j), pid in np.ndenumerate(pool.doc_ids_EM):
-        if pid >= 0:
-            d[i, j] = frozen[int(pid)]
+    document embeddings, kept in ``frozen``)."""
+    q, d = embed_pool(retriever, params, pool, examples, by_id, None, frozen)
     return np.einsum("ed,emd->em", q, d)
 
 
@@ -151,9 +148,8 @@ def generate_answers(lm, examples, res, by_id, tau, k, max_new_tokens) -> list[s
     """Greedy REPLUG answers (coordinated decoding over the top-``k`` branches, §3.2)."""
     prompts = [branch_prompts([e] * len(ps[:k]), ps[:k], lm)
                for e, ps in zip(examples, res.passages)]
-    s = res.scores[:, :k].astype(np.float64) / tau
-    log_w = s - np.logaddexp.reduce(s, axis=1, keepdims=True)
-    out = lm.generate_ensemble(prompts, log_w.astype(np.float32),
+    log_w = np.asarray(retrieval_log_weights(res.scores[:, :k], tau))
+    out = lm.generate_ensemble(prompts, log_w,
                                max_new_tokens=max_new_tokens, sampling_temperature=0.0)
     return [first_line(t) for t in out.texts]
 
@@ -230,7 +226,8 @@ def main(argv=None):
         rows, ll_test, taus, hits, answers = {}, {}, {}, {}, {}
         for name, params in systems.items():
             dev_s = (base_scores["dev"] if params is None else
-                     pool_scores(retriever, params, pools["dev"], examples["dev"], frozen))
+                     pool_scores(retriever, params, pools["dev"], examples["dev"], by_id,
+                                 frozen))
             taus[name], dev_ll = fit_tau(pools["dev"], dev_s, cfg.k, cfg.tau_grid)
             res = base_res["test"] if params is None else retrieve(
                 store, retriever, params, qs["test"], max(cfg.k, *cfg.recall_ks))

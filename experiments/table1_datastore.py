@@ -176,8 +176,7 @@ def figure4_datastore(args, cfg):
     alone = ll(scored["none"])
     curves, versus, taus = {}, {}, {}
     for k in ks:
-        sub = {key: v for key, v in scored["replug"].items()}
-        sub["branches"] = np.minimum(sub["branches"], k)
+        sub = dict(scored["replug"], branches=np.minimum(scored["replug"]["branches"], k))
         tau_N, taus[k] = lm_datastore.fitted_tau(sub, st.article_of, cfg.tau_grid,
                                                  cfg.tau_folds, cfg.seed)
         for name, v in (("retrieved, τ=1", ll(scored["replug"], k=k)),

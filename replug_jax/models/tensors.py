@@ -9,6 +9,7 @@ sharded load reads only what its devices hold (:mod:`replug_jax.models.weights`)
 
 from __future__ import annotations
 
+import abc
 import pathlib
 
 import numpy as np
@@ -49,20 +50,22 @@ def lazy_safetensors(path: pathlib.Path) -> dict[str, LazyTensor]:
                            f"corrupt ({err})") from err
 
 
-class Transform:
+class Transform(abc.ABC):
     """A checkpoint tensor -> parameter map that also says which block of the source a block
     of the parameter comes from, so a sharded load reads only that block."""
 
+    @abc.abstractmethod
     def __call__(self, w: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The whole parameter from the whole source tensor."""
 
+    @abc.abstractmethod
     def shape(self, source_shape: tuple[int, ...]) -> tuple[int, ...]:
-        raise NotImplementedError
+        """The parameter's shape from the source's."""
 
+    @abc.abstractmethod
     def source_index(self, index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple:
         """The source block holding the parameter's block ``index`` (of a parameter of
         ``shape``)."""
-        raise NotImplementedError
 
     def block(self, source_block: np.ndarray) -> np.ndarray:
         """The parameter's block from the source block :meth:`source_index` names."""
