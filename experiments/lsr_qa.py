@@ -111,7 +111,8 @@ def pool_scores(retriever, params, pool, examples, by_id, frozen: dict) -> np.nd
     return np.einsum("ed,emd->em", q, d)
 
 
-def end_to_end(name, res, examples, pool, lm, by_id, work, tau, k, progress) -> np.ndarray:
+def end_to_end(name, res, examples, pool, lm, by_id, work, tau, k, progress,
+               part_size: int = 32) -> np.ndarray:
     """``[E]`` REPLUG log-likelihoods of the gold answers with the top-``k`` of ``res``
     (retrieved from the whole datastore) and ``λ = softmax(s/τ)``; pairs that the test pool
     lacks are scored (resumably) into ``work/extra_<name>``."""
@@ -127,7 +128,7 @@ def end_to_end(name, res, examples, pool, lm, by_id, work, tau, k, progress) -> 
         digest = hashlib.sha256(cand.tobytes()).hexdigest()[:10]
         extra = build_pool(examples, cand, np.zeros(cand.shape, np.float32), by_id, lm,
                            work / f"extra_{slug(name)}_{digest}", {"retrieved_by": name},
-                           progress=progress)
+                           part_size=part_size, progress=progress)
     t = pool.branches.logprobs_NKT.shape[-1]
     if extra is not None:
         t = max(t, extra.branches.logprobs_NKT.shape[-1])
@@ -193,7 +194,7 @@ def main(argv=None):
                                          "split": s, "examples": [e.id for e in examples[s]],
                                          "distractors": cfg.distractors,
                                          "datastore": len(store), "pool_size": cfg.pool_size},
-                progress=progress)
+                part_size=cfg.part_size, progress=progress)
         frozen: dict = {}  # base embeddings of the pool passages, encoded once
         for s in ("train", "dev"):
             embed_pool(retriever, None, pools[s], examples[s], by_id, None, frozen)
@@ -224,6 +225,10 @@ def main(argv=None):
                 dict(np.load(params_file, allow_pickle=False)), retriever.params)
         systems = {"base retriever": None} | {n: r["params"] for n, r in runs.items()}
         rows, ll_test, taus, hits, answers = {}, {}, {}, {}, {}
+        # EM / F1 on max_generate test questions spread evenly over the (article-grouped) list
+        gen_rows = np.unique(np.linspace(0, len(qs["test"]) - 1, min(
+            cfg.max_generate, len(qs["test"]))).round().astype(int)) if cfg.max_generate else \
+            np.zeros(0, int)
         for name, params in systems.items():
             dev_s = (base_scores["dev"] if params is None else
                      pool_scores(retriever, params, pools["dev"], examples["dev"], by_id,
@@ -232,16 +237,17 @@ def main(argv=None):
             res = base_res["test"] if params is None else retrieve(
                 store, retriever, params, qs["test"], max(cfg.k, *cfg.recall_ks))
             ll_test[name] = end_to_end(name, res, examples["test"], pools["test"], lm, by_id,
-                                       work, taus[name], cfg.k, progress)
+                                       work, taus[name], cfg.k, progress, cfg.part_size)
             gold = np.array([q.paragraph for q in qs["test"]])
             hits[name] = {r: (res.ids[:, :r] == gold[:, None]).any(1).astype(float)
                           for r in cfg.recall_ks}
-            if cfg.max_generate and (params is None or name == chosen_name(runs)):
-                n = min(cfg.max_generate, len(examples["test"]))
-                sub = dataclasses.replace(res, ids=res.ids[:n], scores=res.scores[:n],
-                                          passages=res.passages[:n])
-                answers[name] = generate_answers(lm, examples["test"][:n], sub, by_id,
-                                                 taus[name], cfg.k, cfg.max_new_tokens)
+            if gen_rows.size and (params is None or name == chosen_name(runs)):
+                sub = dataclasses.replace(res, ids=res.ids[gen_rows],
+                                          scores=res.scores[gen_rows],
+                                          passages=[res.passages[i] for i in gen_rows])
+                answers[name] = generate_answers(lm, [examples["test"][i] for i in gen_rows],
+                                                 sub, by_id, taus[name], cfg.k,
+                                                 cfg.max_new_tokens)
             rows[name] = {"tau": taus[name], "dev_loglik": dev_ll,
                           "test_loglik": float(np.mean(ll_test[name])),
                           **{f"recall@{r}": float(h.mean()) for r, h in hits[name].items()}}
@@ -261,12 +267,13 @@ def main(argv=None):
     passes = primary["low"] > 0
     qa = {}
     for name, preds in answers.items():
-        refs = [q.answers for q in qs["test"][:len(preds)]]
+        refs = [qs["test"][i].answers for i in gen_rows]
         qa[name] = {"em": [exact_match(p, a) for p, a in zip(preds, refs)],
-                    "f1": [f1_score(p, a) for p, a in zip(preds, refs)], "predictions": preds}
+                    "f1": [f1_score(p, a) for p, a in zip(preds, refs)], "predictions": preds,
+                    "test_rows": gen_rows.tolist()}
     if len(qa) == 2:
-        n = len(qa[base]["em"])
-        qa["chosen_vs_base"] = {m: compare(qa[chosen][m], qa[base][m], art[:n], cfg)
+        gen_art = [art[i] for i in gen_rows]
+        qa["chosen_vs_base"] = {m: compare(qa[chosen][m], qa[base][m], gen_art, cfg)
                                 for m in ("em", "f1")}
     pairs = sum(p.provenance["pairs"] for p in pools.values())
     rates = [p.provenance.get("pairs_per_second") for p in pools.values()]

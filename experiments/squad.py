@@ -66,7 +66,10 @@ def split_articles(questions: list[Question], dev_articles: int, seed: int
 
 def sample_questions(questions: list[Question], limit: int, seed: int) -> list[Question]:
     """``limit`` questions (0: all) spread over the articles: a seeded permutation within
-    each article, then taken in rounds over the articles (so every article counts)."""
+    each article, then taken in rounds over the articles (so every article counts). Returned
+    grouped by article (articles in order of appearance, the rounds' order within one): a
+    pool scored part by part then holds few articles per part, and document KV reuse shares
+    their paragraphs across the part's questions."""
     if not limit or limit >= len(questions):
         return list(questions)
     rng = np.random.default_rng(seed)
@@ -80,7 +83,8 @@ def sample_questions(questions: list[Question], limit: int, seed: int) -> list[Q
             if depth < len(qs) and len(out) < limit:
                 out.append(qs[depth])
         depth += 1
-    return out
+    order = {a: i for i, a in enumerate(dict.fromkeys(q.article for q in questions))}
+    return sorted(out, key=lambda q: order[q.article])  # stable: the rounds within an article
 
 
 class MergedDatastore:

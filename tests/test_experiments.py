@@ -225,6 +225,19 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     assert k2 == pytest.approx(levels["REPLUG (k=2, τ=1)"]["difference"], abs=1e-9)
 
 
+def test_sample_questions_spread_over_articles_and_grouped_by_article():
+    """Every article counts (rounds over the articles) and the sample comes grouped by
+    article, so a pool's parts hold few articles (document KV reuse within a part)."""
+    from experiments.squad import Question, sample_questions
+
+    qs = [Question(f"{a}{i}", f"q {a}{i}", ("x",), a, 0) for a in "cab" for i in range(5)]
+    got = sample_questions(qs, 7, seed=0)
+    titles = [q.article for q in got]
+    assert sorted(titles.count(a) for a in "abc") == [2, 2, 3]
+    assert titles == sorted(titles, key="cab".index)  # grouped, articles in their order
+    assert sample_questions(qs, 7, seed=0) == got and len(set(q.id for q in got)) == 7
+
+
 def test_lsr_qa_tiny(data, tmp_path):
     """The cross-fitted SQuAD study end to end on a few questions: pools, oracle, variants,
     τ fitted on dev, end-to-end test retrieval from the merged datastore, recall, EM/F1,

@@ -39,6 +39,9 @@ class QAStudyConfig:
     max_dev: int = 600
     max_test: int = 2000  # ≥ 1,500: see detectable_effect
     pool_size: int = 8  # M: the base retriever's top-M per question, scored once by the LM
+    # questions scored per LM call (and per resumable part): questions come grouped by
+    # article, and document KV reuse shares a paragraph among the questions of one call
+    part_size: int = 64
     k: int = 4  # documents in REPLUG's ensemble (the primary endpoint's k)
     recall_ks: tuple = (1, 5)
     objectives: tuple = ("kl_retriever_to_lm", "kl_lm_to_retriever", "marginal")
