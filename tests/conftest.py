@@ -40,6 +40,31 @@ def _rss_mib() -> float:
     return float("nan")
 
 
+def _memory_maps() -> int:
+    """How many memory maps the process holds (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return 0
+
+
+# Each compiled CPU program maps its code in several regions: a long module (test_experiments
+# compiles thousands of programs) nears the kernel's default limit of 65,530 maps, past which
+# XLA aborts. Compiled programs are dropped after any test that leaves more than this many.
+MAX_MAPS = 16_384
+
+
+@pytest.fixture(autouse=True)
+def _bound_memory_maps():
+    yield
+    if _memory_maps() > MAX_MAPS:
+        import gc
+
+        jax.clear_caches()
+        gc.collect()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_compiled_programs(request):
     """Each test module's compiled programs and the models its fixtures held are freed when it
