@@ -98,9 +98,17 @@ def main(argv=None):
         lm = load_lm(cfg.lm, cfg.lm_max_context)
         retriever = Retriever.load(cfg.retriever, max_length=cfg.doc_max_length,
                                    query_max_length=cfg.query_max_length)
-        passages = chunk_documents(read_documents(cfg.corpus), size=cfg.passage_tokens,
-                                   unit="tokens", tokenizer=lm.tokenizer)
-        by_id = {p.id: p for p in passages}
+        if cfg.index:  # a built datastore (`replug index build`): only the query tower learns
+            if cfg.towers != "query":
+                raise ValueError("index= needs towers=query: a shared encoder would re-embed "
+                                 "the whole index")
+            base_index = Index.load(cfg.index, expect_encoder=retriever.identity)
+            passages = base_index.passages
+            by_id = {}  # the passages the pools and the end-to-end test retrieve
+        else:
+            passages = chunk_documents(read_documents(cfg.corpus), size=cfg.passage_tokens,
+                                       unit="tokens", tokenizer=lm.tokenizer)
+            by_id = {p.id: p for p in passages}
         caps = {"train": cfg.max_train, "dev": cfg.max_dev, "test": cfg.max_test}
         paths = {"train": cfg.train_data, "dev": cfg.dev_data, "test": cfg.test_data}
         examples = {s: lm_examples(paths[s], lm.tokenizer, cfg.context_tokens,
@@ -111,11 +119,13 @@ def main(argv=None):
                     len(examples[s]), cap, replace=False))
                 examples[s] = [examples[s][i] for i in keep]
         excluded = {s: leakage_exclusions(examples[s], passages, cfg.leakage) for s in paths}
-        texts = [corpus_text(p) for p in passages]
-        base_index = Index.build(retriever.encode_passages(texts), passages,
-                                 encoder=retriever.identity)
+        if not cfg.index:
+            texts = [corpus_text(p) for p in passages]
+            base_index = Index.build(retriever.encode_passages(texts), passages,
+                                     encoder=retriever.identity)
         provenance_base = {"lm": lm.name, "lm_max_context": lm.max_context,
-                           "retriever": retriever.identity, "corpus": cfg.corpus,
+                           "retriever": retriever.identity,
+                           "corpus": cfg.index or cfg.corpus,
                            "corpus_checksum": base_index.store.checksum,
                            "passage_tokens": cfg.passage_tokens,
                            "context_tokens": cfg.context_tokens,
@@ -125,6 +135,7 @@ def main(argv=None):
         for s in paths:
             res = base_index.search(retriever.encode_queries([e.query for e in examples[s]]),
                                     cfg.pool_size, exclude_ids=excluded[s])
+            by_id.update({p.id: p for ps in res.passages for p in ps})
             pools[s] = build_pool(examples[s], res.ids, res.scores, by_id, lm, work / f"pool_{s}",
                                   {**provenance_base, "split": s, "data": paths[s],
                                    "examples": [e.id for e in examples[s]],
@@ -146,6 +157,8 @@ def main(argv=None):
                                   work / "diagnostics.json")
                 return
         results = {}
+        frozen: dict = {}  # towers=query: the pool passages' base embeddings, encoded once
+        doc_tower = (None, frozen) if cfg.towers == "query" else ("same", None)
         best_file = work / "best_params.npz"
         for v in variants(cfg):
             name = label(v)
@@ -154,12 +167,14 @@ def main(argv=None):
                 results[name] = json.loads(out.read_text())
                 continue
             fit = train_on_pool(retriever, pools["train"], examples["train"], pools["dev"],
-                                examples["dev"], by_id, v, progress=progress)
+                                examples["dev"], by_id, v, progress=progress,
+                                frozen_docs=frozen)
             row = {"config": vars(v), "best_step": fit["best_step"],
                    "steps_run": fit["steps_run"], "seconds": round(fit["seconds"], 1),
                    "curve": fit["curve"]}
             for s in ("dev", "test"):
-                q, d = embed_pool(retriever, fit["params"], pools[s], examples[s], by_id)
+                q, d = embed_pool(retriever, fit["params"], pools[s], examples[s], by_id,
+                                  *doc_tower)
                 ll = pool_logliks(pools[s], np.einsum("ed,emd->em", q, d), cfg.k,
                                   cfg.eval_temperature)
                 row[s] = {"bpb": bits_per_byte(ll, bytes_[s]),
@@ -177,12 +192,14 @@ def main(argv=None):
             raise ValueError(f"{best_file} holds another variant than the best on dev "
                              f"({chosen}); delete {work / 'runs'} and rerun")
         params = unflatten_params(dict(np.load(best_file, allow_pickle=False)), retriever.params)
-        # end to end: the chosen retriever's top-k from the whole re-embedded datastore
-        index = Index.build(retriever.encode_passages(texts, params), passages,
-                            encoder=retriever.identity)
+        # end to end: the chosen retriever's top-k from the whole datastore (re-embedded with
+        # its parameters; with towers=query the documents keep their base embeddings)
+        index = base_index if cfg.towers == "query" else Index.build(
+            retriever.encode_passages(texts, params), passages, encoder=retriever.identity)
         res = index.search(retriever.encode_queries([e.query for e in examples["test"]],
                                                     params), cfg.k,
                            exclude_ids=excluded["test"])
+        by_id.update({p.id: p for ps in res.passages for p in ps})
         full = build_pool(examples["test"], res.ids, res.scores, by_id, lm,
                           work / f"full_test_{slug(chosen)}",
                           {**provenance_base, "split": "test", "retrieved_by": chosen,

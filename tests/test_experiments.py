@@ -422,3 +422,38 @@ def test_lsr_study_tiny(data, tmp_path):
     lsr_study.main(argv)  # resumed: the same numbers from the stored pools and runs
     again = json.loads((out / "lsr_study" / "tiny.json").read_text())
     assert again["end_to_end"] == res["end_to_end"] and again["variants"] == res["variants"]
+
+
+def test_lsr_study_on_a_built_index_trains_the_query_tower_only(data, tmp_path):
+    """``index=`` (a datastore built by ``replug index build``, as the enwiki config's): the
+    pools come from the index with each example's own article out, only the query tower
+    learns, and the end-to-end test searches the same index's base embeddings; a shared
+    encoder is refused in one line."""
+    from experiments import lsr_study, prepare_wikitext
+    from replug_jax.models import load_tokenizer
+    from replug_jax.retrieval.build import build_index
+    from replug_jax.retrieval.corpus import chunk_documents, read_documents
+    from replug_jax.retrieval.encoder import Retriever
+
+    wiki = tmp_path / "wikitext"
+    prepare_wikitext.main(["--out", str(wiki), "--dev", "1", "--test", "1", "--no-python-docs"])
+    cfg = lsr_study.CONFIGS["tiny"]
+    retriever = Retriever.load(cfg.retriever, max_length=cfg.doc_max_length,
+                               query_max_length=cfg.query_max_length)
+    passages = chunk_documents(read_documents(wiki / "corpus.jsonl"), size=cfg.passage_tokens,
+                               unit="tokens", tokenizer=load_tokenizer("smollm2"))
+    build_index(passages, retriever, tmp_path / "index", progress=False)
+    out = tmp_path / "out"
+    argv = ["--config", "tiny", "--out", str(out), "--no-progress", "--set",
+            f"train_data={wiki}/train.jsonl", f"dev_data={wiki}/dev.jsonl",
+            f"test_data={wiki}/test.jsonl", f"index={tmp_path / 'index'}", "towers=query",
+            f"workdir={tmp_path}/work"]
+    with pytest.raises(ValueError, match="towers=query"):
+        lsr_study.main(argv[:-2] + [f"workdir={tmp_path}/work"])
+    lsr_study.main(argv)
+    res = json.loads((out / "lsr_study" / "tiny.json").read_text())
+    assert res["config"]["index"] == str(tmp_path / "index")
+    assert all(v["config"]["towers"] == "query" for v in res["variants"].values())
+    per = res["per_example"]["test"]
+    assert len(per["lsr_end_to_end"]) == res["examples"]["test"] > 0
+    assert res["end_to_end"]["base_bpb"] > 0 and res["end_to_end"]["lsr_bpb"] > 0
