@@ -306,15 +306,24 @@ def release(retriever, params, cfg, chosen: str, row: dict, end_to_end: dict) ->
         f"best dev step {row['best_step']}",
         "- made by `python -m experiments.lsr_study`; results in "
         "`experiments/results/lsr_study/`", ""])
-    out = export_retriever(dataclasses.replace(retriever.model, encoder=encoder), cfg.release,
-                           {"MODEL_CARD.md": card,
-                            "replug.json": json.dumps(settings, indent=2) + "\n"})
-    weights = pathlib.Path(out) / "model.safetensors"
-    save_file({k: v.astype(np.float16) for k, v in load_file(weights).items()}, weights)
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
-    card_path = pathlib.Path(out) / "MODEL_CARD.md"
-    card_path.write_text(card_path.read_text() + f"\nWeights: float16 `model.safetensors`, "
-                         f"SHA-256 `{digest}`.\n")
+    trained = dataclasses.replace(retriever.model, encoder=encoder)
+    if cfg.towers == "query":  # the trained query encoder beside the base passage encoder
+        from replug_jax.train.export import write_two_towers
+
+        card += ("\nQuery tower only: the passage encoder is the base (`passage_encoder/`), "
+                 f"so an index built with `{cfg.retriever}` serves it.\n")
+        out = write_two_towers(trained, retriever.model, cfg.release, settings, card)
+        files = ("model.safetensors", "passage_encoder/model.safetensors")
+    else:
+        out = pathlib.Path(export_retriever(trained, cfg.release, {
+            "MODEL_CARD.md": card, "replug.json": json.dumps(settings, indent=2) + "\n"}))
+        weights = out / "model.safetensors"
+        save_file({k: v.astype(np.float16) for k, v in load_file(weights).items()}, weights)
+        files = ("model.safetensors",)
+    with open(out / "MODEL_CARD.md", "a") as f:
+        f.write("\nWeights (float16 safetensors), SHA-256:\n\n" + "".join(
+            f"- `{name}`: `{hashlib.sha256((out / name).read_bytes()).hexdigest()}`\n"
+            for name in files))
 
 
 if __name__ == "__main__":
