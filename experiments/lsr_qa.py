@@ -226,9 +226,8 @@ def main(argv=None):
         systems = {"base retriever": None} | {n: r["params"] for n, r in runs.items()}
         rows, ll_test, taus, hits, answers = {}, {}, {}, {}, {}
         # EM / F1 on max_generate test questions spread evenly over the (article-grouped) list
-        gen_rows = np.unique(np.linspace(0, len(qs["test"]) - 1, min(
-            cfg.max_generate, len(qs["test"]))).round().astype(int)) if cfg.max_generate else \
-            np.zeros(0, int)
+        n_gen = min(cfg.max_generate, len(qs["test"]))
+        gen_rows = np.unique(np.linspace(0, len(qs["test"]) - 1, n_gen).round().astype(int))
         for name, params in systems.items():
             dev_s = (base_scores["dev"] if params is None else
                      pool_scores(retriever, params, pools["dev"], examples["dev"], by_id,
