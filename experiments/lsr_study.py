@@ -118,7 +118,10 @@ def main(argv=None):
                 keep = np.sort(np.random.default_rng([cfg.seed, len(s)]).choice(
                     len(examples[s]), cap, replace=False))
                 examples[s] = [examples[s][i] for i in keep]
-        excluded = {s: leakage_exclusions(examples[s], passages, cfg.leakage) for s in paths}
+        # one pass over the datastore (a store of 220k passages is read once, not per split)
+        every = [e for s in paths for e in examples[s]]
+        flat = iter(leakage_exclusions(every, passages, cfg.leakage))
+        excluded = {s: [next(flat) for _ in examples[s]] for s in paths}
         if not cfg.index:
             texts = [corpus_text(p) for p in passages]
             base_index = Index.build(retriever.encode_passages(texts), passages,

@@ -14,20 +14,18 @@ Usage: ``python -m experiments.prepare_enwiki_lm [--out experiments/data/enwiki_
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import numpy as np
 
 from experiments.common import require_data
 from replug_jax.eval.perplexity import split_wikitext
-from replug_jax.fileio import write_json_atomic, write_text_atomic
+from replug_jax.fileio import write_json_atomic, write_jsonl_atomic
 from replug_jax.retrieval.corpus import iter_documents
 
 
-def _jsonl(docs) -> str:
-    return "".join(json.dumps({"id": d.id, "title": d.title, "text": d.text},
-                              ensure_ascii=False) + "\n" for d in docs)
+def _rows(docs) -> list[dict]:
+    return [{"id": d.id, "title": d.title, "text": d.text} for d in docs]
 
 
 def main(argv=None):
@@ -53,8 +51,8 @@ def main(argv=None):
                           .read_text(encoding="utf-8"))
     args.out.mkdir(parents=True, exist_ok=True)
     for name, idx in parts.items():
-        write_text_atomic(_jsonl(docs[int(i)] for i in idx), args.out / f"{name}.jsonl")
-    write_text_atomic(_jsonl(test), args.out / "test.jsonl")
+        write_jsonl_atomic(_rows(docs[int(i)] for i in idx), args.out / f"{name}.jsonl")
+    write_jsonl_atomic(_rows(test), args.out / "test.jsonl")
     write_json_atomic({"seed": args.seed, "source": str(path.name),
                        **{n: [docs[int(i)].title for i in idx] for n, idx in parts.items()},
                        "test": [d.title for d in test]}, args.out / "split.json")

@@ -17,7 +17,6 @@ Usage: ``python -m experiments.prepare_wikitext [--out experiments/data/wikitext
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import numpy as np
@@ -25,12 +24,8 @@ import numpy as np
 from experiments.common import require_data
 from experiments.data import load_nq
 from replug_jax.eval.perplexity import split_wikitext
-from replug_jax.fileio import write_json_atomic, write_text_atomic
+from replug_jax.fileio import write_json_atomic, write_jsonl_atomic
 from replug_jax.retrieval.corpus import chunk_documents, python_docs_documents
-
-
-def _jsonl(rows) -> str:
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
 def main(argv=None):
@@ -59,19 +54,19 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [{"id": a.id, "title": a.title, "text": a.text} for a in articles]
     for name, idx in parts.items():
-        write_text_atomic(_jsonl(rows[i] for i in sorted(idx)), args.out / f"{name}.jsonl")
+        write_jsonl_atomic((rows[i] for i in sorted(idx)), args.out / f"{name}.jsonl")
     nq = [{"id": f"nq:{p.id}", "title": "", "text": p.text} for p in load_nq()[0]]
     pydocs = [{"id": f"pydoc:{d.id}", "title": d.title, "text": d.text}
               for d in ([] if args.no_python_docs else python_docs_documents())]
-    write_text_atomic(_jsonl(rows + nq + pydocs), args.out / "corpus.jsonl")
+    write_jsonl_atomic(rows + nq + pydocs, args.out / "corpus.jsonl")
     tokenizer = load_tokenizer("smollm2")
     from replug_jax.retrieval.corpus import Document
 
     chunked = chunk_documents([*articles, *(Document(r["id"], r["text"], r["title"])
                                             for r in pydocs)],
                               size=args.passage_tokens, unit="tokens", tokenizer=tokenizer)
-    write_text_atomic(_jsonl({"id": f"{p.source_id}@{p.start}", "title": p.title,
-                              "text": p.text} for p in chunked), args.out / "distractors.jsonl")
+    write_jsonl_atomic(({"id": f"{p.source_id}@{p.start}", "title": p.title, "text": p.text}
+                        for p in chunked), args.out / "distractors.jsonl")
     write_json_atomic({"seed": args.seed, "source": "WikiText-2 test (wiki.test.raw)",
                        **{name: [articles[i].title for i in sorted(idx)]
                           for name, idx in parts.items()}}, args.out / "split.json")

@@ -38,6 +38,11 @@ def write_json_atomic(obj, path: str | pathlib.Path) -> None:
     write_text_atomic(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
 
 
+def write_jsonl_atomic(rows, path: str | pathlib.Path) -> None:
+    """One JSON object per line (UTF-8, not ASCII-escaped), written atomically."""
+    write_text_atomic("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), path)
+
+
 def replace_dir(tmp: pathlib.Path, out: pathlib.Path) -> None:
     """Put the finished folder ``tmp`` at ``out``, replacing an older one: ``out`` is always
     either the old folder or the new one."""

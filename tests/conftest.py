@@ -1,5 +1,6 @@
 """Test-wide settings: offline hub, 8 simulated CPU devices, persistent compilation cache."""
 
+import gc
 import os
 import pathlib
 
@@ -40,6 +41,11 @@ def _rss_mib() -> float:
     return float("nan")
 
 
+def _drop_compiled_programs() -> None:
+    jax.clear_caches()
+    gc.collect()
+
+
 def _memory_maps() -> int:
     """How many memory maps the process holds (Linux; 0 elsewhere)."""
     try:
@@ -59,10 +65,7 @@ MAX_MAPS = 16_384
 def _bound_memory_maps():
     yield
     if _memory_maps() > MAX_MAPS:
-        import gc
-
-        jax.clear_caches()
-        gc.collect()
+        _drop_compiled_programs()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,13 +77,10 @@ def _release_compiled_programs(request):
     the same test). Freed programs' memory is reused by the next module's; the persistent
     compilation cache makes a later recompilation a disk read.
     ``REPLUG_TEST_RSS_LOG=<file>`` appends each module's resident memory before and after."""
-    import gc
-
     log = os.environ.get("REPLUG_TEST_RSS_LOG")
     before = _rss_mib() if log else 0.0
     yield
-    jax.clear_caches()
-    gc.collect()
+    _drop_compiled_programs()
     if log:
         with open(log, "a") as out:
             out.write(f"{request.module.__name__}\t{before:.0f}\t{_rss_mib():.0f}\n")
