@@ -125,15 +125,19 @@ def _enwiki_documents(limit: int) -> list[Document]:
     return list(itertools.islice(iter_documents(path), limit))
 
 
+def enwiki_passages(articles: int) -> list:
+    """The first ``articles`` articles of the enwiki sample in 100-word passages with titles
+    (what ``replug index build --chunk-unit words --chunk-size 100`` makes of the whole)."""
+    return chunk_documents(_enwiki_documents(articles), size=100, unit="words")
+
+
 def open_datastore(spec: str, retriever, lm, passage_tokens: int, control_documents: int = 0):
     """``(index, leakage policy)`` for a datastore spec: an index directory built by ``replug
     index build``; ``enwiki:N`` (the first N articles of the enwiki sample in 100-word
     passages, in memory: small runs and tests); ``wikitext103`` (WikiText-103 test in
     ``passage_tokens``-token passages, every passage of the evaluated article excluded)."""
     if spec.startswith("enwiki:"):
-        passages = chunk_documents(_enwiki_documents(int(spec.split(":", 1)[1])), size=100,
-                                   unit="words")
-        return index_in_memory(passages, retriever), "none"
+        return index_in_memory(enwiki_passages(int(spec.split(":", 1)[1])), retriever), "none"
     if spec == "wikitext103":
         docs = evaluated_documents("wikitext103", control_documents)
         passages = chunk_documents(docs, size=passage_tokens, unit="tokens",

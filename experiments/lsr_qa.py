@@ -81,15 +81,24 @@ def open_datastore(cfg, retriever, lm, work: pathlib.Path, progress: bool):
     train_paras, train_qs = squad.load_squad("train-v1.1.json")
     test_paras, test_qs = squad.load_squad("dev-v1.1.half_a.json", first_id=len(train_paras))
     paragraphs = train_paras + test_paras
-    try:  # built by an earlier run of this study with this retriever
-        squad_index = Index.load(work / "squad_index", expect_encoder=retriever.identity,
-                                 expect_corpus_checksum=corpus_checksum(paragraphs))
-    except (ValueError, FileNotFoundError):
-        squad_index = build_index(paragraphs, retriever, work / "squad_index",
-                                  progress=progress)
-    distractors = (lm_datastore.open_datastore(cfg.distractors, retriever, lm, 128)[0]
-                   if cfg.distractors else None)
+    squad_index = cached_index(paragraphs, retriever, work / "squad_index", progress)
+    if cfg.distractors.startswith("enwiki:"):  # the first N enwiki articles, indexed once
+        passages = lm_datastore.enwiki_passages(int(cfg.distractors.split(":", 1)[1]))
+        distractors = cached_index(passages, retriever, work / "distractor_index", progress)
+    else:
+        distractors = (lm_datastore.open_datastore(cfg.distractors, retriever, lm, 128)[0]
+                       if cfg.distractors else None)
     return squad.MergedDatastore(squad_index, distractors), train_qs, test_qs
+
+
+def cached_index(passages, retriever, path: pathlib.Path, progress: bool) -> Index:
+    """The exact index of ``passages`` at ``path``: loaded if an earlier run built it with
+    this retriever from the same passages, else built (resumably)."""
+    try:
+        return Index.load(path, expect_encoder=retriever.identity,
+                          expect_corpus_checksum=corpus_checksum(passages))
+    except (ValueError, FileNotFoundError):
+        return build_index(passages, retriever, path, progress=progress)
 
 
 def retrieve(store, retriever, params, questions, k: int):
@@ -178,6 +187,8 @@ def main(argv=None):
         retriever = Retriever.load(cfg.retriever)
         store, train_qs, test_qs = open_datastore(cfg, retriever, lm, work, progress)
         train_qs, dev_qs = squad.split_articles(train_qs, cfg.dev_articles, cfg.seed)
+        if 0 < cfg.train_articles < len({q.article for q in train_qs}):  # seeded, whole articles
+            train_qs = squad.split_articles(train_qs, cfg.train_articles, cfg.seed + 1)[1]
         qs = {"train": squad.sample_questions(train_qs, cfg.max_train, cfg.seed),
               "dev": squad.sample_questions(dev_qs, cfg.max_dev, cfg.seed),
               "test": squad.sample_questions(test_qs, cfg.max_test, cfg.seed)}
