@@ -13,6 +13,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests.test_api import served  # noqa: F401  (the fixture: `replug serve` in a thread)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _PRELUDE = textwrap.dedent("""
@@ -50,8 +52,14 @@ _LSR = textwrap.dedent("""
     from replug_jax.sharding import host_copy
     cfg = dataclasses.replace(BASE, **{overrides!r})
     store = {store!r}  # a passage store file both processes read, or None: the list
+    api = {api!r}  # a served LM's URL (prompt lists per request), or None: the tiny LM
+    kw = {{}}
+    if api:
+        from replug_jax.lm.api_scorer import APIScorer
+        kw["lm"] = APIScorer.connect(api, model="smollm2", tokenizer="smollm2",
+                                     max_context=512, batch_size=4)
     t = make_trainer(pathlib.Path(out), "two", cfg,
-                     passages=PassageStore.open(store) if store else PASSAGES)
+                     passages=PassageStore.open(store) if store else PASSAGES, **kw)
     t.run()
     if jax.process_index() == 0:
         leaves = jax.tree_util.tree_flatten_with_path(host_copy(t.state.params))[0]
@@ -116,7 +124,7 @@ def test_two_processes_lsr_equals_one_process_across_a_refresh(tmp_path):
 
     overrides = {"num_devices": 8, "total_steps": 5, "refresh_every": 2,
                  "index_backend": "jax", "index_dtype": "float32"}
-    _run_two(_LSR, str(tmp_path), overrides=overrides, store=None)
+    _run_two(_LSR, str(tmp_path), overrides=overrides, store=None, api=None)
     one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, **overrides))
     one.run()
     two = np.load(tmp_path / "params.npz")
@@ -278,7 +286,8 @@ def test_two_processes_with_prefetched_scoring_equal_one_synchronous_process(tmp
     from replug_jax.retrieval.store import write_store
 
     write_store(PASSAGES, tmp_path / "passages.arrow")  # and the corpus read from disk
-    _run_two(_LSR, str(tmp_path), overrides=overrides, store=str(tmp_path / "passages.arrow"))
+    _run_two(_LSR, str(tmp_path), overrides=overrides, store=str(tmp_path / "passages.arrow"),
+             api=None)
     one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, **{**overrides,
                                                                      "lm_prefetch": False}))
     one.run()
@@ -291,6 +300,35 @@ def test_two_processes_with_prefetched_scoring_equal_one_synchronous_process(tmp
         one.retriever.encode([corpus_text(p) for p in PASSAGES],
                              params=one.refresher.load_snapshot(1, jax.device_get(
                                  one.state.params))), atol=1e-5)
+    two = np.load(tmp_path / "params.npz")
+    for path, a in jax.tree_util.tree_flatten_with_path(jax.device_get(one.state.params))[0]:
+        name = jax.tree_util.keystr(path)
+        if "['key']['bias']" in name:  # zero true gradient: see test_eight_devices_equal_one
+            continue
+        np.testing.assert_allclose(two[name], a, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_two_processes_prefetching_from_a_batched_served_lm_equal_one_in_process(served,
+                                                                                 tmp_path):
+    """The three paths of LSR at scale at once, on two processes: the next rows' LM scores
+    prefetched, from `replug serve` in requests of 4 prompts, the corpus read from a
+    memory-mapped store; they train to the parameters of one process scoring in its steps
+    with the same LM in-process and the corpus as a list."""
+    _need_eight()
+    from replug_jax.retrieval.store import write_store
+    from tests.test_lsr import BASE, PASSAGES, make_trainer
+
+    lm, url = served
+    overrides = {"num_devices": 8, "total_steps": 3, "refresh_every": 2, "lm_prefetch": True}
+    write_store(PASSAGES, tmp_path / "passages.arrow")
+    _run_two(_LSR, str(tmp_path), overrides=overrides, store=str(tmp_path / "passages.arrow"),
+             api=url)
+    one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, **{**overrides,
+                                                                     "lm_prefetch": False}),
+                       lm=lm)
+    one.run()
     two = np.load(tmp_path / "params.npz")
     for path, a in jax.tree_util.tree_flatten_with_path(jax.device_get(one.state.params))[0]:
         name = jax.tree_util.keystr(path)
