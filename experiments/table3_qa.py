@@ -101,13 +101,14 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
     return rows, evaluator.records
 
 
-def lsr_differences(base: list[dict], lsr: list[dict], resamples: int = 10_000) -> dict:
-    """REPLUG LSR − REPLUG per metric measured on both, with paired-bootstrap 95 % intervals
-    over questions (``records`` of the two ``replug`` rows, same questions in order)."""
+def paired_differences(base: list[dict], other: list[dict], resamples: int = 10_000) -> dict:
+    """``other`` − ``base`` per metric measured on both (REPLUG LSR − REPLUG, one layout −
+    another), with paired-bootstrap 95 % intervals over questions (per-question ``records``
+    of two rows, the same questions in order)."""
     out = {}
     for key, name in (("loglik", "mean_answer_loglik"), ("em", "exact_match"), ("f1", "f1"),
                       ("gold_hit", "gold_recall_at_k")):
-        a = [r.get(key) for r in lsr]
+        a = [r.get(key) for r in other]
         b = [r.get(key) for r in base]
         if any(x is None for x in a + b) or not np.all(np.isfinite(np.array(a + b, float))):
             continue
@@ -169,11 +170,24 @@ def main(argv=None):
                                              partial, gold_doc)
             rows.update(lsr_rows)
             records.update(lsr_records)
+        layout_diffs = {}
+        if cfg.compare_layout:  # the same questions in the other layout, paired
+            alt_rows, alt_records = evaluate(
+                dataclasses.replace(cfg, layout=cfg.compare_layout), cfg.retriever, passages,
+                questions, answers, lm, "replug", not args.no_progress, partial, gold_doc)
+            for mode in alt_rows:
+                rows[f"{mode} ({cfg.compare_layout})"] = alt_rows[mode]
+                records[f"{mode} ({cfg.compare_layout})"] = alt_records[mode]
+                layout_diffs[mode] = paired_differences(records[mode], alt_records[mode])
     n = len(select_questions(cfg, questions))
-    differences = (lsr_differences(records["replug"], records["replug_lsr"])
+    differences = (paired_differences(records["replug"], records["replug_lsr"])
                    if "replug" in records and "replug_lsr" in records else {})
     payload = {"config": dataclasses.asdict(cfg), "results": rows, "seconds": sw.seconds,
                "lsr_minus_replug": differences,
+               "layout_differences": layout_diffs,  # compare_layout − layout, per mode
+               "per_question": {row: {key: [r.get(key) for r in recs]
+                                      for key in ("loglik", "em", "f1") if key in recs[0]}
+                                for row, recs in records.items() if recs},
                "predictions": {row: [r.get("prediction") for r in recs]
                                for row, recs in records.items()
                                if any("prediction" in r for r in recs)},
@@ -204,7 +218,12 @@ def main(argv=None):
                               + "".join(f"\n\nREPLUG LSR − REPLUG, {name}: "
                                         f"{format_interval(d)} (paired bootstrap 95 %, "
                                         f"{d['items']} questions)"
-                                        for name, d in differences.items()),
+                                        for name, d in differences.items())
+                              + "".join(f"\n\n{cfg.compare_layout} − {cfg.layout}, {mode}, "
+                                        f"{name}: {format_interval(d)} (paired bootstrap 95 %, "
+                                        f"{d['items']} questions)"
+                                        for mode, ds in layout_diffs.items()
+                                        for name, d in ds.items()),
                         root=args.out, differences=DIFFERENCES)
     fig, ax = new_figure(figsize=(5, 3))
     modes = list(rows)

@@ -142,6 +142,30 @@ def test_table3_qa_tiny(data, tmp_path):
     assert "mean_gold_weight" not in res["results"]["replug"]
 
 
+def test_table3_qa_compares_layouts_on_the_same_questions(data, tmp_path):
+    """compare_layout: the demonstrations-first rows beside the paper's, paired per question.
+    With no document both layouts are the same prompt: the differences are exactly zero;
+    with documents they are measured (and the per-question values are saved)."""
+    from experiments import table3_qa
+
+    table3_qa.main(["--config", "tiny", "--out", str(tmp_path), "--no-progress", "--set",
+                    "num_questions=4", 'modes=["none", "replug"]', 'generate_modes=["none"]',
+                    "compare_layout=demonstrations_first", "max_new_tokens=4"])
+    res = _result(tmp_path, "table3_qa")
+    assert set(res["results"]) == {"none", "replug", "none (demonstrations_first)",
+                                   "replug (demonstrations_first)"}
+    none = res["layout_differences"]["none"]
+    assert set(none) == {"mean_answer_loglik", "exact_match", "f1"}
+    for d in none.values():
+        assert d["difference"] == d["low"] == d["high"] == 0.0 and d["items"] == 4
+    replug = res["layout_differences"]["replug"]["mean_answer_loglik"]
+    per_q = res["per_question"]
+    assert replug["difference"] == pytest.approx(
+        np.mean(per_q["replug (demonstrations_first)"]["loglik"])
+        - np.mean(per_q["replug"]["loglik"]), abs=1e-9)
+    assert replug["difference"] != 0.0  # the document moved: another prompt
+
+
 def test_table3_qa_corpus_file_and_lsr_intervals(data, tmp_path):
     """A JSONL corpus whose gold passages sit after distractors and out of order (found by
     id), demonstrations from a file, and the LSR row with paired intervals: the same retriever

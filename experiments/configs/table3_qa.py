@@ -18,6 +18,9 @@ class QAConfig:
     # document_first: d ∘ demonstrations ∘ question (the paper); demonstrations_first:
     # demonstrations ∘ d ∘ question (a prefix every branch shares: computed once)
     layout: str = "document_first"
+    # also evaluate the same questions in this layout: rows "<mode> (<layout>)" and the paired
+    # differences (this layout − `layout`) of every measured metric, per mode
+    compare_layout: str = ""
     k: int = 5
     temperature: float = 1.0  # the retrieval temperature τ of λ = softmax(s/τ) (paper: 1)
     modes: tuple = ("none", "replug", "random", "concat")
@@ -61,11 +64,10 @@ CONFIGS = {
     "nq_open100": QAConfig(dataset="nq_open", modes=("none", "replug"), generate_modes=()),
     "nq_open30": QAConfig(dataset="nq_open", num_questions=30, modes=("none", "replug"),
                           generate_modes=()),
-    # What the demonstrations-first layout changes (likelihood and EM, same 100 questions).
-    "nq100_shared_demos": QAConfig(modes=("none", "replug"), generate_modes=("none", "replug"),
-                                   layout="demonstrations_first"),
-    "nq100_document_first": QAConfig(modes=("none", "replug"),
-                                     generate_modes=("none", "replug")),
+    # What the demonstrations-first layout changes (likelihood and EM, same 100 questions,
+    # paired): the paper's document-first layout against demonstrations ∘ d ∘ question.
+    "nq100_layouts": QAConfig(modes=("none", "replug"), generate_modes=("none", "replug"),
+                              compare_layout="demonstrations_first"),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
 }
