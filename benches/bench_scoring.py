@@ -19,7 +19,8 @@ batches of 8. Reported: pairs/s, ratios, the largest log-prob difference to the 
 (and to PyTorch), padding, the share of tokens reuse saved, and the fraction of the measured
 matmul peak (FLOPs of the tokens each contender really processes / time / peak).
 
-Usage: ``python -m benches.bench_scoring [--quick] [--data DIR] [--dtype bfloat16]``; reads the
+Usage: ``python -m benches.bench_scoring [--quick] [--workloads squad nq] [--data DIR]
+[--dtype bfloat16]``; reads the
 SQuAD and NQ files of ``../shared/data`` (or ``--data``; ``$REPLUG_SHARED_DATA``). Where they
 are absent (an accelerator machine), ``--synthetic`` builds the same shape from random tokens:
 passages of 100–200 tokens each retrieved by several of the questions (labelled synthetic).
@@ -216,7 +217,12 @@ def main(argv=None):
     ap.add_argument("--name", default="scoring", help="results file stem (default scoring)")
     ap.add_argument("--questions-per-article", type=int, default=48,
                     help="SQuAD questions from each of 2 articles (default 48; the LSR QA "
-                         "study's test pools hold about 80 per article), NQ questions: half")
+                         "study's test pools hold about 80 per article)")
+    ap.add_argument("--nq-questions", type=int, default=24,
+                    help="NQ questions, each with its top-4 passages, per layout (default 24)")
+    ap.add_argument("--workloads", nargs="+", default=["squad", "nq"], choices=("squad", "nq"),
+                    help="which workloads to run (default both; each writes its rows as it "
+                         "ends)")
     args = ap.parse_args(argv)
     data = pathlib.Path(args.data)
     if not args.synthetic and (not (data / "squad_v1.1").is_dir()
@@ -248,9 +254,13 @@ def main(argv=None):
         workloads = {"synthetic_squad_shape": synthetic_pairs(current, 2 * n_q, args.k)}
     else:
         retriever = Retriever.load("minilm", max_length=256)
-        workloads = {"squad": squad_pairs(data, retriever, 2, n_q, args.k),
-                     **{f"nq_4shot_{layout}": pairs for layout, pairs in
-                        nq_pairs(data, retriever, n_q // 2, 4).items()}}
+        workloads = {}
+        if "squad" in args.workloads:
+            workloads["squad"] = squad_pairs(data, retriever, 2, n_q, args.k)
+        if "nq" in args.workloads:
+            n_nq = 3 if args.quick else args.nq_questions
+            workloads.update({f"nq_4shot_{layout}": pairs for layout, pairs in
+                              nq_pairs(data, retriever, n_nq, 4).items()})
     for name, (prompts, conts) in workloads.items():  # written after each: a kill keeps some
         measure(name, prompts, conts, contenders, torch_score, current.lm.config, peak,
                 args.repeats, rows, out)
