@@ -1,22 +1,25 @@
-"""REPLUG LSR on SQuAD, cross-fitted: a retriever the LM taught, tested on questions of
-articles it never trained on (pre-registration in ``experiments/configs/lsr_qa.py``).
+"""REPLUG LSR on QA, cross-fitted: a retriever the LM taught, tested on questions it never
+trained on (pre-registration in ``experiments/configs/lsr_qa.py``; questions, folds and
+datastore in :mod:`experiments.lsr_qa_data`).
 
-1. **Datastore**: every SQuAD paragraph (train and the dev articles here) plus the enwiki
-   sample's passages as distractors, searched exactly as one index
-   (:class:`experiments.squad.MergedDatastore`; the SQuAD part is built in the work folder).
+1. **Datastore**: SQuAD: every SQuAD paragraph (train and the dev articles here); NQ: the 624
+   gold passages; plus enwiki passages as distractors, searched exactly as one index
+   (:class:`experiments.squad.MergedDatastore`, built in the work folder).
 2. **Pools**: each question's top-``pool_size`` passages by the base retriever, scored once
    by the frozen LM (``log p(answer | d ∘ question)`` per token; document KV reuse shares each
    paragraph across the questions that retrieve it; resumable part by part).
 3. **Diagnostics at no LM cost**: the oracle ceiling (the LM's own top-k of each pool) against
    the base on dev and test; the shuffled-Q control trained like the first variant.
-4. **Training** on the train pool for every objective × (γ, β), early-stopped on dev
+4. **Training**, in each fold (SQuAD: one, by article; NQ: K by question), on the train pool
+   for every objective × (γ, β), early-stopped on dev
    (:func:`replug_jax.train.pool.train_on_pool`, only the query tower learning by default).
 5. **Test, end to end**: every retriever (base, each variant) retrieves its top-k for every
    test question from the whole datastore; pairs missing from the test pool are scored; τ is
    fitted on the dev pool per retriever; the primary endpoint, recall@k and EM/F1 are compared
-   with the base, intervals bootstrapped over test articles.
+   with the base over all folds' test questions, intervals bootstrapped over articles (NQ:
+   questions).
 
-Usage: ``python -m experiments.lsr_qa [--config default|tiny] [--set key=value ...]``.
+Usage: ``python -m experiments.lsr_qa [--config default|nq|tiny] [--set key=value ...]``.
 """
 
 from __future__ import annotations
@@ -28,29 +31,18 @@ import pathlib
 
 import numpy as np
 
-from experiments import lm_datastore, squad
-from experiments.common import (
-    load_lm,
-    new_figure,
-    parse_experiment_args,
-    provenance,
-    run,
-    save_figure,
-    write_results,
-)
+from experiments import lm_datastore
+from experiments.common import load_lm, parse_experiment_args, provenance, run
 from experiments.configs.lsr_qa import CONFIGS, PRIMARY_ENDPOINT
 from experiments.lsr_common import label, min_detectable, save_params, slug, variants
+from experiments.lsr_qa_data import examples_of, open_study
+from experiments.lsr_qa_report import chosen_name, release, write_report
 from replug_jax.core.ensemble import retrieval_log_weights
 from replug_jax.eval.qa import exact_match, f1_score, first_line
-from replug_jax.eval.stats import format_interval, paired_bootstrap
+from replug_jax.eval.stats import paired_bootstrap
 from replug_jax.fileio import write_json_atomic
-from replug_jax.prompts import qa_prompt
-from replug_jax.retrieval.build import build_index
-from replug_jax.retrieval.corpus import corpus_checksum
-from replug_jax.retrieval.index import Index
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.timing import Timer
-from replug_jax.train.data import Example
 from replug_jax.train.pool import (
     build_pool,
     embed_pool,
@@ -61,44 +53,7 @@ from replug_jax.train.pool import (
 from replug_jax.train.refresh import unflatten_params
 from replug_jax.train.supervision import branch_prompts
 
-DIFFERENCES = (
-    "The paper trains Contriever with GPT-3 Curie's likelihoods on Pile text and evaluates QA "
-    "with Codex on NQ/TriviaQA over a 2018 Wikipedia dump. Here all-MiniLM-L6-v2 learns from "
-    "SmolLM2-135M's answer likelihoods on SQuAD v1.1 training questions; the datastore is "
-    "every SQuAD paragraph plus a 10,000-article sample of the 2015 English Wikipedia in "
-    "100-word passages (distractors); only the query tower learns (documents keep the base "
-    "embeddings, so the datastore is embedded once), retrieval during training is the top-k "
-    "within each question's pre-scored pool, and the test retrieves from the whole datastore.")
-
-
-def examples_of(questions) -> list[Example]:
-    """x = the plain QA prompt, y = " " + the first reference answer, query = the question."""
-    return [Example(q.id, q.question, qa_prompt(q.question, chat=False), " " + q.answers[0],
-                    q.paragraph) for q in questions]
-
-
-def open_datastore(cfg, retriever, lm, work: pathlib.Path, progress: bool):
-    train_paras, train_qs = squad.load_squad("train-v1.1.json")
-    test_paras, test_qs = squad.load_squad("dev-v1.1.half_a.json", first_id=len(train_paras))
-    paragraphs = train_paras + test_paras
-    squad_index = cached_index(paragraphs, retriever, work / "squad_index", progress)
-    if cfg.distractors.startswith("enwiki:"):  # the first N enwiki articles, indexed once
-        passages = lm_datastore.enwiki_passages(int(cfg.distractors.split(":", 1)[1]))
-        distractors = cached_index(passages, retriever, work / "distractor_index", progress)
-    else:
-        distractors = (lm_datastore.open_datastore(cfg.distractors, retriever, lm, 128)[0]
-                       if cfg.distractors else None)
-    return squad.MergedDatastore(squad_index, distractors), train_qs, test_qs
-
-
-def cached_index(passages, retriever, path: pathlib.Path, progress: bool) -> Index:
-    """The exact index of ``passages`` at ``path``: loaded if an earlier run built it with
-    this retriever from the same passages, else built (resumably)."""
-    try:
-        return Index.load(path, expect_encoder=retriever.identity,
-                          expect_corpus_checksum=corpus_checksum(passages))
-    except (ValueError, FileNotFoundError):
-        return build_index(passages, retriever, path, progress=progress)
+BASE = "base retriever"
 
 
 def retrieve(store, retriever, params, questions, k: int):
@@ -172,6 +127,99 @@ def compare(a, b, articles, cfg) -> dict:
                             resamples=cfg.bootstrap_resamples, seed=cfg.seed)
 
 
+def score_pools(study, examples, lm, retriever, cfg, work, progress):
+    """Each pool set's pools (its questions' top-``pool_size`` by the base retriever, scored
+    once by the LM), the base retrieval and the passages by id."""
+    by_id, pools, base_res = {}, {}, {}
+    for name, qs in study.pool_sets.items():
+        res = retrieve(study.store, retriever, None, qs, max(cfg.pool_size, *cfg.recall_ks))
+        base_res[name] = res
+        by_id.update({p.id: p for ps in res.passages for p in ps})
+        pools[name] = build_pool(
+            examples[name], res.ids[:, :cfg.pool_size], res.scores[:, :cfg.pool_size], by_id,
+            lm, work / f"pool_{name}", {"lm": lm.name, "retriever": retriever.identity,
+                                        "split": name, "examples": [e.id for e in examples[name]],
+                                        "distractors": cfg.distractors,
+                                        "datastore": len(study.store),
+                                        "pool_size": cfg.pool_size},
+            part_size=cfg.part_size, progress=progress)
+    return pools, base_res, by_id
+
+
+def train_variants(cfg, retriever, pools, examples, by_id, frozen, run_dir, progress) -> dict:
+    """Every variant trained on the fold's train pool, early-stopped on its dev pool (or read
+    back from ``run_dir`` when an earlier run trained it with the same settings)."""
+    runs = {}
+    for v in variants(cfg):
+        name = label(v)
+        out = run_dir / f"{slug(name)}.json"
+        params_file = out.with_suffix(".npz")
+        if not (out.exists() and json.loads(out.read_text()).get("config") == vars(v)):
+            fit = train_on_pool(retriever, pools["train"], examples["train"], pools["dev"],
+                                examples["dev"], by_id, v, progress=progress,
+                                frozen_docs=frozen)
+            save_params(fit["params"], params_file, {"variant": name})
+            write_json_atomic({"config": vars(v), "best_step": fit["best_step"],
+                               "steps_run": fit["steps_run"], "curve": fit["curve"],
+                               "seconds": round(fit["seconds"], 1)}, out)
+        runs[name] = json.loads(out.read_text())
+        runs[name]["params"] = unflatten_params(
+            dict(np.load(params_file, allow_pickle=False)), retriever.params)
+    return runs
+
+
+def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by_id, frozen,
+             work, progress) -> dict:
+    """Train and test one fold: per retriever, τ fitted on dev, the end-to-end test
+    log-likelihoods, gold-paragraph hits and (base and chosen) greedy answers."""
+    split = study.folds[f]
+    pools = {s: pools_all[n].subset(rows) for s, (n, rows) in split.items()}
+    examples = {s: [examples_all[n][i] for i in rows] for s, (n, rows) in split.items()}
+    test_qs = study.questions(f, "test")
+    for s in ("train", "dev"):
+        embed_pool(retriever, None, pools[s], examples[s], by_id, None, frozen)
+    base_scores = {s: pools[s].branches.scores_NK for s in ("dev", "test")}
+    out = {"questions": {s: study.questions(f, s) for s in split},
+           "base_ll": {s: pool_logliks(pools[s], base_scores[s], cfg.k) for s in base_scores},
+           "oracle": {s: oracle_logliks(pools[s], cfg.k) for s in base_scores},
+           "tau": {}, "dev_ll": {}, "ll": {}, "hits": {}, "answers": {}}
+    (work / "runs").mkdir(parents=True, exist_ok=True)
+    runs = train_variants(cfg, retriever, pools, examples, by_id, frozen, work / "runs",
+                          progress)
+    out["runs"], out["chosen"] = runs, chosen_name(runs)
+    # EM / F1 on test questions spread evenly over the fold's (article-grouped) list
+    n_gen = min(-(-cfg.max_generate // len(study.folds)), len(test_qs))
+    out["gen_rows"] = np.unique(np.linspace(0, len(test_qs) - 1, n_gen).round().astype(int))
+    gold = np.array([q.paragraph for q in test_qs])
+    base_test = base_all[split["test"][0]]
+    for name, params in {BASE: None, **{n: r["params"] for n, r in runs.items()}}.items():
+        dev_s = (base_scores["dev"] if params is None else
+                 pool_scores(retriever, params, pools["dev"], examples["dev"], by_id, frozen))
+        out["tau"][name], out["dev_ll"][name] = fit_tau(pools["dev"], dev_s, cfg.k,
+                                                        cfg.tau_grid)
+        rows = split["test"][1]
+        res = (dataclasses.replace(base_test, ids=base_test.ids[rows],
+                                   scores=base_test.scores[rows],
+                                   passages=[base_test.passages[i] for i in rows])
+               if params is None else retrieve(study.store, retriever, params, test_qs,
+                                               max(cfg.k, *cfg.recall_ks)))
+        out["ll"][name] = end_to_end(name, res, examples["test"], pools["test"], lm, by_id,
+                                     work, out["tau"][name], cfg.k, progress, cfg.part_size)
+        out["hits"][name] = {r: (res.ids[:, :r] == gold[:, None]).any(1).astype(float)
+                             for r in cfg.recall_ks}
+        if out["gen_rows"].size and name in (BASE, out["chosen"]):
+            g = out["gen_rows"]
+            sub = dataclasses.replace(res, ids=res.ids[g], scores=res.scores[g],
+                                      passages=[res.passages[i] for i in g])
+            out["answers"][BASE if params is None else "chosen"] = generate_answers(
+                lm, [examples["test"][i] for i in g], sub, by_id, out["tau"][name], cfg.k,
+                cfg.max_new_tokens)
+    out["alone"] = np.array([r.total for r in lm.score_continuations(
+        [e.context for e in examples["test"]], [e.continuation for e in examples["test"]])],
+        np.float64)
+    return out
+
+
 def main(argv=None):
     args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     if cfg.k > cfg.pool_size:
@@ -181,230 +229,106 @@ def main(argv=None):
                          "would re-embed the whole datastore for every variant's test")
     progress = not args.no_progress
     work = pathlib.Path(cfg.workdir) / args.config
-    (work / "runs").mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     with Timer() as sw:
         lm = load_lm(cfg.lm, cfg.lm_max_context)
         retriever = Retriever.load(cfg.retriever)
-        store, train_qs, test_qs = open_datastore(cfg, retriever, lm, work, progress)
-        train_qs, dev_qs = squad.split_articles(train_qs, cfg.dev_articles, cfg.seed)
-        if 0 < cfg.train_articles < len({q.article for q in train_qs}):  # seeded, whole articles
-            train_qs = squad.split_articles(train_qs, cfg.train_articles, cfg.seed + 1)[1]
-        qs = {"train": squad.sample_questions(train_qs, cfg.max_train, cfg.seed),
-              "dev": squad.sample_questions(dev_qs, cfg.max_dev, cfg.seed),
-              "test": squad.sample_questions(test_qs, cfg.max_test, cfg.seed)}
-        examples = {s: examples_of(v) for s, v in qs.items()}
-        articles = {s: [q.article for q in v] for s, v in qs.items()}
-        by_id, pools, base_res = {}, {}, {}
-        for s in qs:
-            res = retrieve(store, retriever, None, qs[s], max(cfg.pool_size, *cfg.recall_ks))
-            base_res[s] = res
-            by_id.update({p.id: p for ps in res.passages for p in ps})
-            pools[s] = build_pool(
-                examples[s], res.ids[:, :cfg.pool_size], res.scores[:, :cfg.pool_size], by_id,
-                lm, work / f"pool_{s}", {"lm": lm.name, "retriever": retriever.identity,
-                                         "split": s, "examples": [e.id for e in examples[s]],
-                                         "distractors": cfg.distractors,
-                                         "datastore": len(store), "pool_size": cfg.pool_size},
-                part_size=cfg.part_size, progress=progress)
+        study = open_study(cfg, retriever, lm, work, progress)
+        examples = {n: examples_of(qs) for n, qs in study.pool_sets.items()}
+        pools, base_res, by_id = score_pools(study, examples, lm, retriever, cfg, work,
+                                             progress)
         frozen: dict = {}  # base embeddings of the pool passages, encoded once
-        for s in ("train", "dev"):
-            embed_pool(retriever, None, pools[s], examples[s], by_id, None, frozen)
-        base_scores = {s: pools[s].branches.scores_NK for s in ("dev", "test")}
-        base_ll = {s: pool_logliks(pools[s], base_scores[s], cfg.k) for s in ("dev", "test")}
-        oracle = {s: oracle_logliks(pools[s], cfg.k) for s in ("dev", "test")}
-        headroom = {s: compare(oracle[s], base_ll[s], articles[s], cfg) for s in ("dev", "test")}
-        if cfg.require_headroom and not headroom["dev"]["low"] > 0:
-            write_json_atomic({"config": vars(cfg), "oracle_vs_base": headroom},
-                              work / "diagnostics.json")
-            print("lsr_qa: no headroom on dev (the oracle is not better than the base)")
-            return
-        runs = {}
-        for v in variants(cfg):
-            name = label(v)
-            out = work / "runs" / f"{slug(name)}.json"
-            params_file = out.with_suffix(".npz")
-            if not (out.exists() and json.loads(out.read_text()).get("config") == vars(v)):
-                fit = train_on_pool(retriever, pools["train"], examples["train"], pools["dev"],
-                                    examples["dev"], by_id, v, progress=progress,
-                                    frozen_docs=frozen)
-                save_params(fit["params"], params_file, {"variant": name})
-                write_json_atomic({"config": vars(v), "best_step": fit["best_step"],
-                                   "steps_run": fit["steps_run"], "curve": fit["curve"],
-                                   "seconds": round(fit["seconds"], 1)}, out)
-            runs[name] = json.loads(out.read_text())
-            runs[name]["params"] = unflatten_params(
-                dict(np.load(params_file, allow_pickle=False)), retriever.params)
-        systems = {"base retriever": None} | {n: r["params"] for n, r in runs.items()}
-        rows, ll_test, taus, hits, answers = {}, {}, {}, {}, {}
-        # EM / F1 on max_generate test questions spread evenly over the (article-grouped) list
-        n_gen = min(cfg.max_generate, len(qs["test"]))
-        gen_rows = np.unique(np.linspace(0, len(qs["test"]) - 1, n_gen).round().astype(int))
-        for name, params in systems.items():
-            dev_s = (base_scores["dev"] if params is None else
-                     pool_scores(retriever, params, pools["dev"], examples["dev"], by_id,
-                                 frozen))
-            taus[name], dev_ll = fit_tau(pools["dev"], dev_s, cfg.k, cfg.tau_grid)
-            res = base_res["test"] if params is None else retrieve(
-                store, retriever, params, qs["test"], max(cfg.k, *cfg.recall_ks))
-            ll_test[name] = end_to_end(name, res, examples["test"], pools["test"], lm, by_id,
-                                       work, taus[name], cfg.k, progress, cfg.part_size)
-            gold = np.array([q.paragraph for q in qs["test"]])
-            hits[name] = {r: (res.ids[:, :r] == gold[:, None]).any(1).astype(float)
-                          for r in cfg.recall_ks}
-            if gen_rows.size and (params is None or name == chosen_name(runs)):
-                sub = dataclasses.replace(res, ids=res.ids[gen_rows],
-                                          scores=res.scores[gen_rows],
-                                          passages=[res.passages[i] for i in gen_rows])
-                answers[name] = generate_answers(lm, [examples["test"][i] for i in gen_rows],
-                                                 sub, by_id, taus[name], cfg.k,
-                                                 cfg.max_new_tokens)
-            rows[name] = {"tau": taus[name], "dev_loglik": dev_ll,
-                          "test_loglik": float(np.mean(ll_test[name])),
-                          **{f"recall@{r}": float(h.mean()) for r, h in hits[name].items()}}
-        alone = np.array([r.total for r in lm.score_continuations(
-            [e.context for e in examples["test"]],
-            [e.continuation for e in examples["test"]])], np.float64)
-    chosen = chosen_name(runs)
-    art = articles["test"]
-    base = "base retriever"
-    for name in systems:
-        if name == base:
-            continue
-        rows[name]["vs_base"] = compare(ll_test[name], ll_test[base], art, cfg)
-        for r in cfg.recall_ks:
-            rows[name][f"recall@{r}_vs_base"] = compare(hits[name][r], hits[base][r], art, cfg)
-    primary = rows[chosen]["vs_base"]
-    passes = primary["low"] > 0
-    qa = {}
-    for name, preds in answers.items():
-        refs = [qs["test"][i].answers for i in gen_rows]
-        qa[name] = {"em": [exact_match(p, a) for p, a in zip(preds, refs)],
-                    "f1": [f1_score(p, a) for p, a in zip(preds, refs)], "predictions": preds,
-                    "test_rows": gen_rows.tolist()}
-    if len(qa) == 2:
-        gen_art = [art[i] for i in gen_rows]
-        qa["chosen_vs_base"] = {m: compare(qa[chosen][m], qa[base][m], gen_art, cfg)
-                                for m in ("em", "f1")}
-    pairs = sum(p.provenance["pairs"] for p in pools.values())
-    rates = [p.provenance.get("pairs_per_second") for p in pools.values()]
-    payload = {
-        "config": vars(cfg), "primary_endpoint": PRIMARY_ENDPOINT, "chosen": chosen,
-        "primary": primary, "min_detectable_nats": min_detectable(primary),
-        "detectable_effect_stated": cfg.detectable_effect,
-        "release_rule": ("passes: the chosen retriever beats its base with a 95 % interval "
-                         "excluding zero" if passes else "fails: not better than its base "
-                         "with an interval excluding zero; nothing is released"),
-        "systems": {n: {k: v for k, v in r.items()} for n, r in rows.items()},
-        "oracle_vs_base": headroom, "lm_alone_test_loglik": float(alone.mean()),
-        "qa": qa, "questions": {s: len(v) for s, v in qs.items()},
-        "articles": {s: len(set(a)) for s, a in articles.items()},
-        "datastore_passages": len(store), "lm_pairs_scored": pairs,
-        "pairs_per_second": [r for r in rates if r is not None],
-        "runs": {n: {k: v for k, v in r.items() if k != "params"} for n, r in runs.items()},
-        "per_example": {"test": {"ids": [q.id for q in qs["test"]], "articles": art,
-                                 "lm_alone": alone.tolist(),
-                                 "loglik": {n: np.round(v, 5).tolist()
-                                            for n, v in ll_test.items()},
-                                 "hits": {n: {str(r): h.astype(int).tolist()
-                                              for r, h in hs.items()}
-                                          for n, hs in hits.items()}}},
-        "seconds": sw.seconds, "provenance": provenance()}
-    if passes and cfg.release:
-        payload["released"] = str(release(retriever, runs[chosen]["params"], cfg, chosen,
-                                          rows, payload))
+        single = len(study.folds) == 1
+        folds = [run_fold(f, study, cfg, lm, retriever, pools, examples, base_res, by_id,
+                          frozen, work if single else work / f"fold{f}", progress)
+                 for f in range(len(study.folds))]
+    payload, rows, chosen = summarize(folds, cfg, study)
+    payload.update(lm_pairs_scored=sum(p.provenance["pairs"] for p in pools.values()),
+                   pairs_per_second=[p.provenance["pairs_per_second"] for p in pools.values()
+                                     if "pairs_per_second" in p.provenance],
+                   seconds=sw.seconds, provenance=provenance())
+    if payload["passes"] and cfg.release and single:
+        payload["released"] = str(release(retriever, folds[0]["runs"][chosen]["params"], cfg,
+                                          chosen, rows, payload))
     write_report(payload, rows, cfg, args, chosen)
 
 
-def release(retriever, params, cfg, chosen: str, rows: dict, payload: dict) -> pathlib.Path:
-    """The chosen retriever as two towers in float16 (its trained query encoder, the base
-    passage encoder: the datastore's embeddings stay valid), with its card and the τ fitted
-    on dev; the card gives every number with its interval and the weights' SHA-256."""
-    from replug_jax.models.params import split_params, to_module
-    from replug_jax.train.export import write_two_towers
-
-    graphdef, template, _ = split_params(retriever.model.encoder)
-    query = dataclasses.replace(retriever.model, encoder=to_module(graphdef, template, params))
-    r, p = rows[chosen], payload
-    settings = {"similarity": retriever.similarity, "query_max_length":
-                retriever.query_max_length, "doc_max_length": retriever.max_length,
-                "trained_from": cfg.retriever, "temperature": r["tau"],
-                "temperature_fit": {"data": "SQuAD train dev-split articles", "grid":
-                                    list(cfg.tau_grid)}}
-    card = "\n".join([
-        "# REPLUG LSR retriever: all-MiniLM-L6-v2, query tower trained on SQuAD v1.1", "",
-        f"Trained by REPLUG LSR from `{cfg.lm}`'s answer likelihoods ({chosen}), query tower "
-        "only; the passage encoder is the base (`passage_encoder/`), so an index built with "
-        f"`{cfg.retriever}` serves it. Inference τ = {r['tau']:g}, fitted on dev.", "",
-        f"On {p['questions']['test']} questions of {p['articles']['test']} SQuAD dev articles "
-        "no retriever trained on (datastore: every SQuAD paragraph plus "
-        f"{p['datastore_passages']:,} passages in all), REPLUG k = {cfg.k}:", "",
-        f"- gold-answer log-likelihood per question: {r['test_loglik']:.3f}, "
-        f"{format_interval(r['vs_base'], 3)} vs the base retriever (95 % CI over articles)",
-        *(f"- recall@{k}: {r[f'recall@{k}']:.3f}, "
-          f"{format_interval(r[f'recall@{k}_vs_base'], 3)} vs the base" for k in cfg.recall_ks),
-        "", "Made by `python -m experiments.lsr_qa`; every number is in "
-        "`experiments/results/lsr_qa/`. Load with `Retriever.load(<this folder>)`, or the "
-        "query encoder with `SentenceTransformer(<this folder>)` and the passage encoder "
-        "with `SentenceTransformer(<this folder>/passage_encoder)`.", ""])
-    out = write_two_towers(query, retriever.model, cfg.release, settings, card)
-    digests = {f"{sub}model.safetensors": hashlib.sha256(
-        (out / sub / "model.safetensors").read_bytes()).hexdigest()
-        for sub in ("", "passage_encoder/")}
-    with open(out / "MODEL_CARD.md", "a") as f:
-        f.write("\nWeights (float16 safetensors), SHA-256:\n\n" + "".join(
-            f"- `{name}`: `{digest}`\n" for name, digest in digests.items()))
-    return out
-
-
-def chosen_name(runs: dict) -> str:
-    """The variant with the best dev value (the shuffled-Q control excluded)."""
-    real = {n: r for n, r in runs.items() if "shuffled-Q" not in n}
-    return min(real, key=lambda n: min(c["dev_bpb"] for c in real[n]["curve"]))
-
-
-def write_report(payload, rows, cfg, args, chosen) -> None:
-    rk = cfg.recall_ks
-    table = []
-    for name, r in rows.items():
-        vs = r.get("vs_base")
-        table.append((name + (" (chosen)" if name == chosen else ""), f"{r['tau']:g}",
-                      f"{r['dev_loglik']:.3f}", f"{r['test_loglik']:.3f}",
-                      format_interval(vs, 3) if vs else "—",
-                      *(f"{r[f'recall@{k}']:.3f}" for k in rk),
-                      format_interval(r[f"recall@{rk[0]}_vs_base"], 3) if vs else "—"))
-    p, q = payload, payload["questions"]
-    h = payload["oracle_vs_base"]
-    em = payload["qa"].get("chosen_vs_base")
-    notes = (
-        f"Primary endpoint (pre-registered): {PRIMARY_ENDPOINT}. Chosen: {chosen}; "
-        f"{format_interval(p['primary'], 3)} nats per question; smallest effect this test "
-        f"detects (80 % power, 5 % level): {p['min_detectable_nats']:.3f} (stated before the "
-        f"run: {cfg.detectable_effect}). Release rule: {p['release_rule']}.\n\n"
-        f"{q['train']} train / {q['dev']} dev / {q['test']} test questions "
-        f"({p['articles']['train']} / {p['articles']['dev']} / {p['articles']['test']} "
-        f"articles); datastore {p['datastore_passages']:,} passages; pools of "
-        f"{cfg.pool_size} per question, {p['lm_pairs_scored']:,} LM pairs scored "
-        f"({', '.join(f'{r:.1f}' for r in p['pairs_per_second'])} pairs/s); k = {cfg.k}; "
-        f"towers: {cfg.towers}. LM alone (closed book): {p['lm_alone_test_loglik']:.3f} nats "
-        f"per question.\n\nBefore training (no LM cost): the oracle (the LM's own top-{cfg.k} "
-        f"of each pool) vs the base: dev {format_interval(h['dev'], 3)}, test "
-        f"{format_interval(h['test'], 3)} nats per question."
-        + (f"\n\nEM / F1 on the first {len(p['qa']['base retriever']['em'])} test questions "
-           f"(greedy REPLUG): chosen − base EM {format_interval(em['em'], 3)}, F1 "
-           f"{format_interval(em['f1'], 3)}." if em else ""))
-    out = write_results("lsr_qa", args.config, payload, table,
-                        ("retriever", "τ (dev)", "dev loglik", "test loglik",
-                         "test Δ vs base [95 % CI]", *(f"recall@{k}" for k in rk),
-                         f"Δ recall@{rk[0]} vs base [95 % CI]"),
-                        notes=notes, root=args.out, differences=DIFFERENCES)
-    fig, ax = new_figure(figsize=(6, 3.5))
-    for name, r in payload["runs"].items():
-        ax.plot([c["step"] for c in r["curve"]], [c["dev_bpb"] for c in r["curve"]],
-                marker="o", ms=3, label=name)
-    ax.set_xlabel("LSR step")
-    ax.set_ylabel("dev bits per answer byte (within pool)")
-    ax.legend(fontsize=6)
-    save_figure(fig, out / f"{args.config}.png")
+def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
+    """All folds' test questions together: per retriever its rows, the primary endpoint
+    (the variant chosen on dev in each fold − the base), the diagnostics and EM / F1."""
+    cat = lambda key, name: np.concatenate([f[key][name] for f in folds])  # noqa: E731
+    test_qs = [q for f in folds for q in f["questions"]["test"]]
+    art = [q.article for q in test_qs]
+    names = list(folds[0]["ll"])
+    ll = {n: cat("ll", n) for n in names}
+    hits = {n: {r: np.concatenate([f["hits"][n][r] for f in folds]) for r in cfg.recall_ks}
+            for n in names}
+    picks = [f["chosen"] for f in folds]
+    chosen = picks[0] if len(set(picks)) == 1 else "chosen on dev in each fold"
+    if chosen not in ll:  # the folds chose different variants: their choices together
+        ll[chosen] = np.concatenate([f["ll"][c] for f, c in zip(folds, picks)])
+        hits[chosen] = {r: np.concatenate([f["hits"][c][r] for f, c in zip(folds, picks)])
+                        for r in cfg.recall_ks}
+        for f, c in zip(folds, picks):
+            f["tau"][chosen], f["dev_ll"][chosen] = f["tau"][c], f["dev_ll"][c]
+    rows = {}
+    for n in ll:
+        rows[n] = {"tau_per_fold": [f["tau"][n] for f in folds],
+                   "dev_loglik": float(np.mean([f["dev_ll"][n] for f in folds])),
+                   "test_loglik": float(np.mean(ll[n])),
+                   **{f"recall@{r}": float(h.mean()) for r, h in hits[n].items()}}
+        if len(folds) == 1:
+            rows[n]["tau"] = folds[0]["tau"][n]
+        if n != BASE:
+            rows[n]["vs_base"] = compare(ll[n], ll[BASE], art, cfg)
+            for r in cfg.recall_ks:
+                rows[n][f"recall@{r}_vs_base"] = compare(hits[n][r], hits[BASE][r], art, cfg)
+    primary = rows[chosen]["vs_base"]
+    passes = primary["low"] > 0
+    splits = ("train", "dev", "test")
+    dev_art = [q.article for f in folds for q in f["questions"]["dev"]]
+    headroom = {"dev": compare(cat("oracle", "dev"), cat("base_ll", "dev"), dev_art, cfg),
+                "test": compare(cat("oracle", "test"), cat("base_ll", "test"), art, cfg)}
+    qa, offset, gen = {}, 0, []
+    for f in folds:
+        gen += (offset + f["gen_rows"]).tolist()
+        offset += len(f["questions"]["test"])
+    refs = [test_qs[i].answers for i in gen]
+    for who in ("base retriever", "chosen"):
+        preds = [a for f in folds for a in f["answers"].get(who, [])]
+        if len(preds) == len(gen) and gen:
+            qa[who] = {"em": [exact_match(p, a) for p, a in zip(preds, refs)],
+                       "f1": [f1_score(p, a) for p, a in zip(preds, refs)],
+                       "predictions": preds, "test_rows": gen}
+    if len(qa) == 2:
+        qa["chosen_vs_base"] = {m: compare(qa["chosen"][m], qa[BASE][m], [art[i] for i in gen],
+                                           cfg) for m in ("em", "f1")}
+    runs = {(n if len(folds) == 1 else f"fold {i}: {n}"): {k: v for k, v in r.items()
+                                                         if k != "params"}
+            for i, f in enumerate(folds) for n, r in f["runs"].items()}
+    payload = {
+        "config": vars(cfg), "primary_endpoint": PRIMARY_ENDPOINT, "chosen": chosen,
+        "chosen_per_fold": picks, "primary": primary,
+        "min_detectable_nats": min_detectable(primary),
+        "detectable_effect_stated": cfg.detectable_effect, "passes": passes,
+        "release_rule": ("passes: the chosen retriever beats its base with a 95 % interval "
+                         "excluding zero" if passes else "fails: not better than its base "
+                         "with an interval excluding zero; nothing is released"),
+        "systems": rows, "oracle_vs_base": headroom,
+        "lm_alone_test_loglik": float(np.concatenate([f["alone"] for f in folds]).mean()),
+        "qa": qa, "folds": len(folds),
+        "questions": {s: sum(len(f["questions"][s]) for f in folds) for s in splits},
+        "questions_per_fold": {s: [len(f["questions"][s]) for f in folds] for s in splits},
+        "articles": {s: len({q.article for f in folds for q in f["questions"][s]})
+                     for s in splits},
+        "datastore_passages": len(study.store), "runs": runs,
+        "per_example": {"test": {
+            "ids": [q.id for q in test_qs], "articles": art,
+            "lm_alone": np.concatenate([f["alone"] for f in folds]).tolist(),
+            "loglik": {n: np.round(v, 5).tolist() for n, v in ll.items()},
+            "hits": {n: {str(r): h.astype(int).tolist() for r, h in hs.items()}
+                     for n, hs in hits.items()}}}}
+    return payload, rows, chosen
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ The evaluation data of ``../shared/data`` is not part of the project, so the scr
 folder in the same layout written here (our own sentences, questions and articles). Results go
 to a temporary folder; the test checks the files and that the numbers are well-formed."""
 
+import dataclasses
 import gzip
 import json
 import pathlib
@@ -291,6 +292,38 @@ def test_lsr_qa_tiny(data, tmp_path):
     lsr_qa.main(argv)  # resumed: pools, runs and the extra pairs are read back
     again = json.loads((tmp_path / "out" / "lsr_qa" / "tiny.json").read_text())
     assert again["per_example"] == res["per_example"]
+
+
+def test_lsr_qa_nq_folds_test_every_question_once_by_retrievers_never_trained_on_it(
+        data, tmp_path):
+    """NQ cross-fitted in 2 folds by question: in each fold train, dev and test are disjoint;
+    every question is tested exactly once; the results hold all of them, per fold."""
+    from experiments import lsr_qa
+    from experiments.configs.lsr_qa import CONFIGS
+    from experiments.lsr_qa_data import open_study
+    from replug_jax.retrieval.encoder import Retriever
+
+    cfg = dataclasses.replace(CONFIGS["tiny_nq"], workdir=str(tmp_path / "work"))
+    study = open_study(cfg, Retriever.load("minilm"), None, tmp_path / "work" / "x", False)
+    tested = []
+    for f in range(2):
+        ids = {s: {q.id for q in study.questions(f, s)} for s in ("train", "dev", "test")}
+        assert not (ids["train"] & ids["test"] or ids["dev"] & ids["test"]
+                    or ids["train"] & ids["dev"])
+        assert len(ids["dev"]) == 2 and ids["train"]
+        tested += sorted(ids["test"])
+    assert len(tested) == len(set(tested)) == 8
+    lsr_qa.main(["--config", "tiny_nq", "--out", str(tmp_path / "out"), "--no-progress",
+                 "--set", f"workdir={tmp_path / 'work'}"])
+    res = json.loads((tmp_path / "out" / "lsr_qa" / "tiny_nq.json").read_text())
+    assert res["folds"] == 2 and res["questions_per_fold"]["test"] == [4, 4]
+    assert sorted(res["per_example"]["test"]["ids"]) == sorted(tested)
+    assert len(res["chosen_per_fold"]) == 2 and "released" not in res
+    base = res["systems"]["base retriever"]
+    assert len(base["tau_per_fold"]) == 2 and "tau" not in base
+    assert np.mean(res["per_example"]["test"]["loglik"]["base retriever"]) == pytest.approx(
+        base["test_loglik"])
+    assert len(res["qa"]["base retriever"]["em"]) == 2  # one per fold
 
 
 def test_table2_mmlu_tiny(data, tmp_path):

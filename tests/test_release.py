@@ -87,7 +87,7 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     with the numbers and the SHA-256 of both weight files."""
     import hashlib
 
-    from experiments import lsr_qa
+    from experiments import lsr_qa_report
     from experiments.configs.lsr_qa import CONFIGS
     from replug_jax.models.params import split_params
     from replug_jax.retrieval.encoder import Retriever
@@ -99,7 +99,7 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     rows = {"chosen": {"tau": 0.05, "test_loglik": -3.2, "vs_base": diff, "recall@1": 0.6,
                        "recall@1_vs_base": diff, "recall@2": 0.8, "recall@2_vs_base": diff}}
     payload = {"questions": {"test": 3}, "articles": {"test": 1}, "datastore_passages": 20}
-    out = lsr_qa.release(base, jax.device_get(params), cfg, "chosen", rows, payload)
+    out = lsr_qa_report.release(base, jax.device_get(params), cfg, "chosen", rows, payload)
     back = Retriever.load(str(out))
     assert back.retrieval_temperature == 0.05
     np.testing.assert_allclose(back.encode_queries(TEXTS), trained.encode_queries(TEXTS),

@@ -1,4 +1,4 @@
-"""The cross-fitted LSR study on SQuAD v1.1 (``experiments/lsr_qa.py``).
+"""The cross-fitted LSR study on SQuAD v1.1 and NQ (``experiments/lsr_qa.py``).
 
 **Pre-registered before any run** (this file's ``default`` is what the results report):
 
@@ -14,9 +14,14 @@
   with 1,500 test questions; the realised one (80 % power, 5 % level, from the interval) is
   reported beside it.
 - *Training*: questions of ``train_articles`` SQuAD train articles (``dev_articles`` others
-  held out for early stopping and τ); only the query tower learns (``towers="query"``): documents keep the base
-  encoder's embeddings, so the datastore is embedded once and the released retriever carries
-  both towers.
+  held out for early stopping and τ); only the query tower learns (``towers="query"``):
+  documents keep the base encoder's embeddings, so the datastore is embedded once and the
+  released retriever carries both towers.
+
+The ``nq`` config is the same study on NQ (the 624 questions with gold passages, plus the same
+distractors), cross-fitted in folds by question; the variant is chosen on dev in each fold and
+the endpoint compares every question's test value with the base (intervals over questions). It
+releases nothing: each fold trains its own retriever.
 """
 
 import dataclasses
@@ -28,6 +33,9 @@ PRIMARY_ENDPOINT = ("mean gold-answer log-likelihood per question, REPLUG k=4 fr
 
 @dataclasses.dataclass(frozen=True)
 class QAStudyConfig:
+    # squad: train / dev articles / test articles (one fold); nq: `folds` folds by question
+    dataset: str = "squad"
+    folds: int = 4  # nq only
     retriever: str = "minilm"  # paper: Contriever
     lm: str = "smollm2"  # paper: GPT-3 Curie / Codex
     lm_max_context: int = 1024
@@ -39,9 +47,9 @@ class QAStudyConfig:
     # the train questions come from this many of the other train articles (seeded; 0 = all):
     # fewer articles, more questions each, so KV reuse shares more paragraphs per LM call
     train_articles: int = 100
-    max_train: int = 1200  # questions, spread over the articles (0 = all)
-    max_dev: int = 320
-    max_test: int = 1500  # ≥ 1,500: see detectable_effect
+    max_train: int = 1200  # questions, spread over the articles (0 = all; nq: per fold)
+    max_dev: int = 320  # (nq: per fold)
+    max_test: int = 1500  # ≥ 1,500: see detectable_effect (nq: questions, all folds)
     pool_size: int = 8  # M: the base retriever's top-M per question, scored once by the LM
     # questions scored per LM call (and per resumable part): questions come grouped by
     # article, and document KV reuse shares a paragraph among the questions of one call
@@ -73,6 +81,12 @@ class QAStudyConfig:
 
 CONFIGS = {
     "default": QAStudyConfig(),
+    # NQ, cross-fitted in 4 folds by question: all 624 questions tested once; per fold 60 dev
+    # and ~408 train questions; the two objectives the SQuAD study compares most directly
+    "nq": QAStudyConfig(dataset="nq", folds=4, max_train=0, max_dev=60, max_test=624,
+                        objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),),
+                        steps=600, eval_every=60, max_generate=200,
+                        release=""),
     # CI: seconds (a few questions, two variants, a few steps, 4 enwiki articles as distractors)
     "tiny": QAStudyConfig(distractors="enwiki:4", dev_articles=1, train_articles=0,
                           max_train=8, max_dev=4, max_test=4, pool_size=3, k=2, recall_ks=(1, 2),
@@ -80,4 +94,10 @@ CONFIGS = {
                           steps=4, batch_size=2, eval_every=2, patience=2,
                           tau_grid=(0.1, 1.0), max_generate=2, max_new_tokens=4,
                           lm_max_context=512, bootstrap_resamples=200, release=""),
+    "tiny_nq": QAStudyConfig(dataset="nq", folds=2, distractors="enwiki:4", max_train=6,
+                             max_dev=2, max_test=8, pool_size=3, k=2, recall_ks=(1, 2),
+                             objectives=("kl_retriever_to_lm",), grid=((0.1, 0.1),),
+                             steps=4, batch_size=2, eval_every=2, patience=2,
+                             tau_grid=(0.1, 1.0), max_generate=2, max_new_tokens=4,
+                             lm_max_context=512, bootstrap_resamples=200, release=""),
 }

@@ -1,0 +1,123 @@
+"""The questions, cross-fitting folds and datastore of the LSR QA study (``lsr_qa``).
+
+* ``dataset="squad"``: one fold. Train = questions of SQuAD train articles (``train_articles``
+  of them), dev = questions of ``dev_articles`` other train articles (early stopping, τ),
+  test = questions of the SQuAD dev articles available here, which no retriever trains on.
+  Datastore: every SQuAD paragraph (train and dev half) plus the distractors.
+* ``dataset="nq"``: ``folds`` folds by question over the 624 NQ questions with gold passages.
+  In fold f the test is the f-th part; ``max_dev`` of the others (seeded) are its dev and the
+  rest its train, so every question is tested exactly once, by retrievers that never trained
+  on it. Datastore: the 624 gold passages plus the distractors. Each question is its own
+  cluster in the intervals.
+
+Pools are scored once per *pool set* (SQuAD: train, dev and test; NQ: all questions, whatever
+fold they fall in) and a fold takes rows of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+
+from experiments import lm_datastore, squad
+from replug_jax.prompts import qa_prompt
+from replug_jax.retrieval.build import build_index
+from replug_jax.retrieval.corpus import corpus_checksum
+from replug_jax.retrieval.index import Index
+from replug_jax.train.data import Example
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclasses.dataclass
+class Study:
+    store: squad.MergedDatastore
+    pool_sets: dict[str, list[squad.Question]]  # the questions whose pools are scored
+    # per fold: split -> (pool set, rows of it)
+    folds: list[dict[str, tuple[str, np.ndarray]]]
+
+    def questions(self, fold: int, split: str) -> list[squad.Question]:
+        name, rows = self.folds[fold][split]
+        return [self.pool_sets[name][i] for i in rows]
+
+
+def examples_of(questions) -> list[Example]:
+    """x = the plain QA prompt, y = " " + the first reference answer, query = the question."""
+    return [Example(q.id, q.question, qa_prompt(q.question, chat=False), " " + q.answers[0],
+                    q.paragraph) for q in questions]
+
+
+def cached_index(passages, retriever, path: pathlib.Path, progress: bool) -> Index:
+    """The exact index of ``passages`` at ``path``: loaded if an earlier run built it with
+    this retriever from the same passages, else built (resumably)."""
+    try:
+        return Index.load(path, expect_encoder=retriever.identity,
+                          expect_corpus_checksum=corpus_checksum(passages))
+    except (ValueError, FileNotFoundError):
+        return build_index(passages, retriever, path, progress=progress)
+
+
+def distractor_index(cfg, retriever, lm, progress: bool):
+    """The distractors: ``enwiki:N`` (the first N enwiki articles in 100-word passages,
+    indexed once under the work root, shared by every config), an index folder, or None."""
+    if not cfg.distractors:
+        return None
+    if cfg.distractors.startswith("enwiki:"):
+        passages = lm_datastore.enwiki_passages(int(cfg.distractors.split(":", 1)[1]))
+        folder = "index_" + cfg.distractors.replace(":", "")
+        return cached_index(passages, retriever, pathlib.Path(cfg.workdir) / folder, progress)
+    return lm_datastore.open_datastore(cfg.distractors, retriever, lm, 128)[0]
+
+
+def open_study(cfg, retriever, lm, work: pathlib.Path, progress: bool) -> Study:
+    distractors = distractor_index(cfg, retriever, lm, progress)
+    if cfg.dataset == "squad":
+        return _squad(cfg, retriever, work, distractors, progress)
+    if cfg.dataset == "nq":
+        return _nq(cfg, retriever, work, distractors, progress)
+    raise ValueError(f"dataset must be squad or nq, got {cfg.dataset!r}")
+
+
+def _squad(cfg, retriever, work, distractors, progress) -> Study:
+    train_paras, train_qs = squad.load_squad("train-v1.1.json")
+    test_paras, test_qs = squad.load_squad("dev-v1.1.half_a.json", first_id=len(train_paras))
+    squad_index = cached_index(train_paras + test_paras, retriever, work / "squad_index",
+                               progress)
+    train_qs, dev_qs = squad.split_articles(train_qs, cfg.dev_articles, cfg.seed)
+    if 0 < cfg.train_articles < len({q.article for q in train_qs}):  # seeded, whole articles
+        train_qs = squad.split_articles(train_qs, cfg.train_articles, cfg.seed + 1)[1]
+    sets = {"train": squad.sample_questions(train_qs, cfg.max_train, cfg.seed),
+            "dev": squad.sample_questions(dev_qs, cfg.max_dev, cfg.seed),
+            "test": squad.sample_questions(test_qs, cfg.max_test, cfg.seed)}
+    fold = {s: (s, np.arange(len(sets[s]))) for s in SPLITS}
+    return Study(squad.MergedDatastore(squad_index, distractors), sets, [fold])
+
+
+def _nq(cfg, retriever, work, distractors, progress) -> Study:
+    from experiments.data import load_nq
+
+    passages, questions, answers = load_nq()
+    qs = [squad.Question(f"nq{i}", q, tuple(a), f"nq{i}", i)
+          for i, (q, a) in enumerate(zip(questions, answers))]
+    if cfg.max_test:  # a seeded subset of the questions (every one tested once)
+        qs = [qs[i] for i in sorted(np.random.default_rng(cfg.seed).permutation(len(qs))
+                                    [:cfg.max_test])]
+    if cfg.folds < 2 or cfg.folds > len(qs):
+        raise ValueError(f"folds={cfg.folds}: needs 2..{len(qs)} for {len(qs)} questions")
+    gold_index = cached_index(passages, retriever, work / "nq_index", progress)
+    order = np.random.default_rng(cfg.seed).permutation(len(qs))
+    folds = []
+    for part in np.array_split(order, cfg.folds):
+        rest = np.setdiff1d(order, part)
+        rest = rest[np.random.default_rng(cfg.seed + 1).permutation(len(rest))]
+        dev, train = rest[:cfg.max_dev], rest[cfg.max_dev:]
+        if cfg.max_train:
+            train = train[:cfg.max_train]
+        if not len(train) or not len(dev):
+            raise ValueError(f"max_dev={cfg.max_dev} leaves no train or no dev question in a "
+                             f"fold of {len(rest)}")
+        folds.append({"train": ("all", np.sort(train)), "dev": ("all", np.sort(dev)),
+                      "test": ("all", np.sort(part))})
+    return Study(squad.MergedDatastore(gold_index, distractors), {"all": qs}, folds)

@@ -1,0 +1,132 @@
+"""The LSR QA study's report and release (``lsr_qa``): the results table, notes and plot,
+and — when the pre-registered rule passes — the chosen retriever released as two towers."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pathlib
+
+from experiments.common import new_figure, save_figure, write_results
+from experiments.configs.lsr_qa import PRIMARY_ENDPOINT
+from replug_jax.eval.stats import format_interval
+
+
+DIFFERENCES = {
+    "squad": (
+        "The paper trains Contriever with GPT-3 Curie's likelihoods on Pile text and evaluates "
+        "QA with Codex on NQ/TriviaQA over a 2018 Wikipedia dump. Here all-MiniLM-L6-v2 learns "
+        "from SmolLM2-135M's answer likelihoods on SQuAD v1.1 training questions; the datastore "
+        "is every SQuAD paragraph plus passages of the 2015 English Wikipedia sample in 100-word "
+        "passages (distractors); only the query tower learns (documents keep the base "
+        "embeddings, so the datastore is embedded once), retrieval during training is the "
+        "top-k within each question's pre-scored pool, and the test retrieves from the whole "
+        "datastore."),
+    "nq": (
+        "The paper trains on Pile text and evaluates NQ with Codex over a 2018 Wikipedia dump. "
+        "Here all-MiniLM-L6-v2 learns from SmolLM2-135M's answer likelihoods on NQ questions "
+        "themselves, cross-fitted in folds by question (no question is tested by a retriever "
+        "trained on it); the datastore is the 624 NQ gold passages plus passages of the 2015 "
+        "English Wikipedia sample (distractors); only the query tower learns; retrieval during "
+        "training is the top-k within each question's pre-scored pool, and the test retrieves "
+        "from the whole datastore."),
+}
+
+
+def release(retriever, params, cfg, chosen: str, rows: dict, payload: dict) -> pathlib.Path:
+    """The chosen retriever as two towers in float16 (its trained query encoder, the base
+    passage encoder: the datastore's embeddings stay valid), with its card and the τ fitted
+    on dev; the card gives every number with its interval and the weights' SHA-256."""
+    from replug_jax.models.params import split_params, to_module
+    from replug_jax.train.export import write_two_towers
+
+    graphdef, template, _ = split_params(retriever.model.encoder)
+    query = dataclasses.replace(retriever.model, encoder=to_module(graphdef, template, params))
+    r, p = rows[chosen], payload
+    settings = {"similarity": retriever.similarity, "query_max_length":
+                retriever.query_max_length, "doc_max_length": retriever.max_length,
+                "trained_from": cfg.retriever, "temperature": r["tau"],
+                "temperature_fit": {"data": "SQuAD train dev-split articles", "grid":
+                                    list(cfg.tau_grid)}}
+    card = "\n".join([
+        "# REPLUG LSR retriever: all-MiniLM-L6-v2, query tower trained on SQuAD v1.1", "",
+        f"Trained by REPLUG LSR from `{cfg.lm}`'s answer likelihoods ({chosen}), query tower "
+        "only; the passage encoder is the base (`passage_encoder/`), so an index built with "
+        f"`{cfg.retriever}` serves it. Inference τ = {r['tau']:g}, fitted on dev.", "",
+        f"On {p['questions']['test']} questions of {p['articles']['test']} SQuAD dev articles "
+        "no retriever trained on (datastore: every SQuAD paragraph plus "
+        f"{p['datastore_passages']:,} passages in all), REPLUG k = {cfg.k}:", "",
+        f"- gold-answer log-likelihood per question: {r['test_loglik']:.3f}, "
+        f"{format_interval(r['vs_base'], 3)} vs the base retriever (95 % CI over articles)",
+        *(f"- recall@{k}: {r[f'recall@{k}']:.3f}, "
+          f"{format_interval(r[f'recall@{k}_vs_base'], 3)} vs the base" for k in cfg.recall_ks),
+        "", "Made by `python -m experiments.lsr_qa`; every number is in "
+        "`experiments/results/lsr_qa/`. Load with `Retriever.load(<this folder>)`, or the "
+        "query encoder with `SentenceTransformer(<this folder>)` and the passage encoder "
+        "with `SentenceTransformer(<this folder>/passage_encoder)`.", ""])
+    out = write_two_towers(query, retriever.model, cfg.release, settings, card)
+    digests = {f"{sub}model.safetensors": hashlib.sha256(
+        (out / sub / "model.safetensors").read_bytes()).hexdigest()
+        for sub in ("", "passage_encoder/")}
+    with open(out / "MODEL_CARD.md", "a") as f:
+        f.write("\nWeights (float16 safetensors), SHA-256:\n\n" + "".join(
+            f"- `{name}`: `{digest}`\n" for name, digest in digests.items()))
+    return out
+
+
+def chosen_name(runs: dict) -> str:
+    """The variant with the best dev value (the shuffled-Q control excluded)."""
+    real = {n: r for n, r in runs.items() if "shuffled-Q" not in n}
+    return min(real, key=lambda n: min(c["dev_bpb"] for c in real[n]["curve"]))
+
+
+def write_report(payload, rows, cfg, args, chosen) -> None:
+    rk = cfg.recall_ks
+    table = []
+    for name, r in rows.items():
+        vs = r.get("vs_base")
+        table.append((name + (" (chosen)" if name == chosen else ""),
+                      "/".join(f"{t:g}" for t in r["tau_per_fold"]),
+                      f"{r['dev_loglik']:.3f}", f"{r['test_loglik']:.3f}",
+                      format_interval(vs, 3) if vs else "—",
+                      *(f"{r[f'recall@{k}']:.3f}" for k in rk),
+                      format_interval(r[f"recall@{rk[0]}_vs_base"], 3) if vs else "—"))
+    p, q = payload, payload["questions_per_fold"]
+    h = payload["oracle_vs_base"]
+    folds = len(q["test"])
+    split = (f"{q['train'][0]} train / {q['dev'][0]} dev / {q['test'][0]} test questions "
+             f"({p['articles']['train']} / {p['articles']['dev']} / {p['articles']['test']} "
+             "articles)" if folds == 1 else
+             f"{folds} folds by question over {p['questions']['test']} questions: each tested "
+             f"once, by retrievers trained on ~{round(sum(q['train']) / folds)} others "
+             f"(~{round(sum(q['dev']) / folds)} more for dev) of its fold's complement")
+    em = payload["qa"].get("chosen_vs_base")
+    notes = (
+        f"Primary endpoint (pre-registered): {PRIMARY_ENDPOINT}. Chosen: {chosen}; "
+        f"{format_interval(p['primary'], 3)} nats per question; smallest effect this test "
+        f"detects (80 % power, 5 % level): {p['min_detectable_nats']:.3f} (stated before the "
+        f"run: {cfg.detectable_effect}). Release rule: {p['release_rule']}.\n\n"
+        f"{split}; datastore {p['datastore_passages']:,} passages; pools of "
+        f"{cfg.pool_size} per question, {p['lm_pairs_scored']:,} LM pairs scored "
+        f"({', '.join(f'{r:.1f}' for r in p['pairs_per_second'])} pairs/s); k = {cfg.k}; "
+        f"towers: {cfg.towers}. LM alone (closed book): {p['lm_alone_test_loglik']:.3f} nats "
+        f"per question.\n\nBefore training (no LM cost): the oracle (the LM's own top-{cfg.k} "
+        f"of each pool) vs the base: dev {format_interval(h['dev'], 3)}, test "
+        f"{format_interval(h['test'], 3)} nats per question."
+        + (f"\n\nEM / F1 on {len(p['qa']['base retriever']['em'])} test questions "
+           f"(greedy REPLUG): chosen − base EM {format_interval(em['em'], 3)}, F1 "
+           f"{format_interval(em['f1'], 3)}." if em else ""))
+    out = write_results("lsr_qa", args.config, payload, table,
+                        ("retriever", "τ (dev)", "dev loglik", "test loglik",
+                         "test Δ vs base [95 % CI]", *(f"recall@{k}" for k in rk),
+                         f"Δ recall@{rk[0]} vs base [95 % CI]"),
+                        notes=notes, root=args.out, differences=DIFFERENCES[cfg.dataset])
+    fig, ax = new_figure(figsize=(6, 3.5))
+    for name, r in payload["runs"].items():
+        ax.plot([c["step"] for c in r["curve"]], [c["dev_bpb"] for c in r["curve"]],
+                marker="o", ms=3, label=name)
+    ax.set_xlabel("LSR step")
+    ax.set_ylabel("dev bits per answer byte (within pool)")
+    ax.legend(fontsize=6)
+    save_figure(fig, out / f"{args.config}.png")
+
