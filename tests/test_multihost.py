@@ -93,6 +93,16 @@ def _run_two(body: str, out: str, **fmt) -> None:
         assert p.returncode == 0, err[-3000:]
 
 
+def _assert_two_equal_one(tmp_path, one) -> None:
+    """The parameters the two-process run saved equal ``one``'s (the attention key bias
+    skipped: zero true gradient, see test_eight_devices_equal_one)."""
+    two = np.load(tmp_path / "params.npz")
+    for path, a in jax.tree_util.tree_flatten_with_path(jax.device_get(one.state.params))[0]:
+        name = jax.tree_util.keystr(path)
+        if "['key']['bias']" not in name:
+            np.testing.assert_allclose(two[name], a, atol=1e-5, err_msg=name)
+
+
 def _need_eight():
     if len(jax.devices()) < 8:
         pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
@@ -300,12 +310,7 @@ def test_two_processes_with_prefetched_scoring_equal_one_synchronous_process(tmp
         one.retriever.encode([corpus_text(p) for p in PASSAGES],
                              params=one.refresher.load_snapshot(1, jax.device_get(
                                  one.state.params))), atol=1e-5)
-    two = np.load(tmp_path / "params.npz")
-    for path, a in jax.tree_util.tree_flatten_with_path(jax.device_get(one.state.params))[0]:
-        name = jax.tree_util.keystr(path)
-        if "['key']['bias']" in name:  # zero true gradient: see test_eight_devices_equal_one
-            continue
-        np.testing.assert_allclose(two[name], a, atol=1e-5, err_msg=name)
+    _assert_two_equal_one(tmp_path, one)
 
 
 @pytest.mark.slow
@@ -329,9 +334,4 @@ def test_two_processes_prefetching_from_a_batched_served_lm_equal_one_in_process
                                                                      "lm_prefetch": False}),
                        lm=lm)
     one.run()
-    two = np.load(tmp_path / "params.npz")
-    for path, a in jax.tree_util.tree_flatten_with_path(jax.device_get(one.state.params))[0]:
-        name = jax.tree_util.keystr(path)
-        if "['key']['bias']" in name:  # zero true gradient: see test_eight_devices_equal_one
-            continue
-        np.testing.assert_allclose(two[name], a, atol=1e-5, err_msg=name)
+    _assert_two_equal_one(tmp_path, one)
