@@ -117,6 +117,12 @@ def test_buckets_and_rows():
     assert rows_for(128, 4096, bytes_per_row=10, max_bytes=75) == 4
     assert batch_rows(70, 32) == [(32, 32), (32, 32), (6, 8)]
     assert batch_rows(3, 32) == [(3, 4)] and batch_rows(0, 8) == []
+    # past 8 rows the next multiple of 8 when it is fewer than the next power of two
+    assert batch_rows(19, 32) == [(19, 24)] and batch_rows(17, 64) == [(17, 24)]
+    assert batch_rows(12, 32) == [(12, 16)] and batch_rows(33, 64) == [(33, 40)]
+    assert batch_rows(19, 32, multiple=16) == [(19, 32)]  # a mesh's multiple still holds
+    # at most 4 + rows / 8 row counts per length
+    assert len({p for n in range(1, 65) for _, p in batch_rows(n, 64)}) <= 4 + 64 // 8
 
 
 def _tiny_gpt2(seed=0):
@@ -182,6 +188,30 @@ def test_head_from_the_first_scored_position_equals_the_whole_head():
         targets = np.concatenate([seq[:, 1:], np.zeros((1, 1), np.int32)], 1)
         full = np.asarray(lm._score_fn(lm.state, seq, pos, targets))  # start = 0
         np.testing.assert_allclose(g, full[0, len(p) - 1:len(p) + len(c) - 1], atol=1e-5)
+
+
+def test_suffix_head_from_the_first_scored_position_equals_whole_scoring():
+    """After a shared passage each row's own question tokens need no vocabulary head: the
+    suffix's head starts at the batch's first scored position (rounded down to 8), with the
+    log-probs of scoring each sequence whole."""
+    reuse, whole = tiny_lm(2), tiny_lm(2)
+    whole.kv_reuse = False
+    rng = np.random.default_rng(5)
+    doc = [1] + rng.integers(3, 2000, 60).tolist()
+    prefixes = [doc + rng.integers(3, 2000, n).tolist() for n in (17, 19, 22, 25, 18)]
+    conts = [rng.integers(3, 2000, n).tolist() for n in (3, 1, 4, 2, 5)]
+    starts = []
+    suffix_fn = reuse._suffix_fn
+
+    def spy(*args, start=0):
+        starts.append(start)
+        return suffix_fn(*args, start=start)
+
+    reuse._suffix_fn = spy
+    got = reuse.score_token_ids(prefixes, conts)
+    want = whole.score_token_ids(prefixes, conts)
+    assert starts and min(starts) >= 16  # every question is 17+ tokens after the passage
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), atol=1e-5, rtol=0)
 
 
 def test_reuse_through_the_pipeline_text_api():

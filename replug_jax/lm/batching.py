@@ -25,8 +25,9 @@ Reuse is exact: the grouped computation attends over the same keys as the whole 
 third of a row is padding from 16 tokens up, usually a few percent; steps of 8 below 64, where
 the suffixes scored after a shared document lie — a question and its answer; a fixed grid keeps
 compiled programs reusable across calls), rows per batch come from a token budget
-(:func:`rows_for`), and a short last batch is padded to a power of two rows, so a call
-compiles at most ``log2(rows) + 1`` row counts per length.
+(:func:`rows_for`), and a short last batch is padded to the next power of two rows or, past
+8 rows, to the next multiple of 8 when that is fewer (19 rows pad to 24, not 32), so a call
+compiles at most ``4 + rows / 8`` row counts per length.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Sequence
 LENGTH_GRID = (8, 16, 24, 32, 40, 48, 56, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512,
                640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144,
                8192, 12288, 16384, 24576, 32768)
+
+ROW_STEP = 8  # a short last batch past 8 rows pads to a multiple of this (or a power of two)
 
 
 def bucket_lengths(max_context: int) -> tuple[int, ...]:
@@ -72,14 +75,16 @@ def rows_for(length: int, tokens_per_batch: int, max_rows: int | None = None,
 
 def batch_rows(n: int, rows: int, multiple: int = 1) -> list[tuple[int, int]]:
     """``(count, padded_rows)`` of each batch when ``n`` items go ``rows`` at a time: full
-    batches, then a short last one padded to a power of two. Every padded row count is a
-    multiple of ``multiple`` (the devices a batch is split over on a mesh): ``rows`` is raised
-    to the next one if it is not."""
+    batches, then a short last one padded to the next power of two or the next multiple of
+    :data:`ROW_STEP`, whichever is fewer. Every padded row count is a multiple of
+    ``multiple`` (the devices a batch is split over on a mesh): ``rows`` is raised to the next
+    one if it is not."""
     rows = -(-rows // multiple) * multiple
     out = [(rows, rows)] * (n // rows)
     if n % rows:
-        short = min(rows, 1 << (n % rows - 1).bit_length())
-        out.append((n % rows, -(-short // multiple) * multiple))
+        left = n % rows
+        short = min(rows, 1 << (left - 1).bit_length(), -(-left // ROW_STEP) * ROW_STEP)
+        out.append((left, -(-short // multiple) * multiple))
     return out
 
 
