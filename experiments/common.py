@@ -68,7 +68,11 @@ def pick_config(configs: dict, name: str, overrides: list[str]):
 
 def run(main) -> None:
     """Run an experiment's ``main``; a config or input problem is one line and exit code 2,
-    as with the ``replug`` command."""
+    as with the ``replug`` command. XLA programs go to the persistent compilation cache (as
+    the command's do), so a resumed run does not compile its shapes again."""
+    from replug_jax.cli.common import setup_jax
+
+    setup_jax()
     try:
         main()
     except (ValueError, FileNotFoundError) as err:

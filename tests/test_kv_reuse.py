@@ -192,25 +192,25 @@ def test_head_from_the_first_scored_position_equals_the_whole_head():
 
 def test_suffix_head_from_the_first_scored_position_equals_whole_scoring():
     """After a shared passage each row's own question tokens need no vocabulary head: the
-    suffix's head starts at the batch's first scored position (rounded down to 8), with the
-    log-probs of scoring each sequence whole."""
+    suffix's head runs on each row's scored positions only (a width bucket: 8 for answers of
+    up to 8 tokens), with the log-probs of scoring each sequence whole."""
     reuse, whole = tiny_lm(2), tiny_lm(2)
     whole.kv_reuse = False
     rng = np.random.default_rng(5)
     doc = [1] + rng.integers(3, 2000, 60).tolist()
     prefixes = [doc + rng.integers(3, 2000, n).tolist() for n in (17, 19, 22, 25, 18)]
     conts = [rng.integers(3, 2000, n).tolist() for n in (3, 1, 4, 2, 5)]
-    starts = []
+    widths = []
     suffix_fn = reuse._suffix_fn
 
-    def spy(*args, start=0):
-        starts.append(start)
-        return suffix_fn(*args, start=start)
+    def spy(*args, width):
+        widths.append(width)
+        return suffix_fn(*args, width=width)
 
     reuse._suffix_fn = spy
     got = reuse.score_token_ids(prefixes, conts)
     want = whole.score_token_ids(prefixes, conts)
-    assert starts and min(starts) >= 16  # every question is 17+ tokens after the passage
+    assert widths and set(widths) == {8}  # answers of up to 5 tokens
     np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), atol=1e-5, rtol=0)
 
 

@@ -26,9 +26,6 @@ from replug_jax.lm.batching import PrefixGroup, batch_rows, bucket, rows_for
 from replug_jax.models import init_cache, target_logprobs
 
 
-SUFFIX_HEAD_STEP = 8  # the suffix's head starts at a multiple of this (static: few shapes)
-
-
 def kv_bytes_per_token(cfg, dtype) -> int:
     """Bytes of cached keys and values per token, all layers."""
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
@@ -41,10 +38,11 @@ def compile_fns(graphdef, cfg, place) -> tuple[Callable, Callable]:
     ``prefix_fn(state, tokens_PL, positions_PL) -> (k, v, pos)``: the cache of ``P`` prefixes
     (``[layers, P, J, L, D]`` keys and values, ``[P, L]`` positions, -1 on padding); XLA drops
     the last layer's MLP and the head, whose outputs nothing reads.
-    ``suffix_fn(state, k, v, pos, tokens_BS, positions_BS, targets_BS, start) -> [B, S -
-    start]`` log-probs of ``targets`` after each row's prefix cache and its own tokens, the
-    vocabulary head run only from position ``start`` (static) on: a question's own tokens
-    before its answer need no head."""
+    ``suffix_fn(state, k, v, pos, tokens_BS, positions_BS, targets_BS, first_B, width) ->
+    [B, width]`` log-probs of ``targets`` after each row's prefix cache and its own tokens, at
+    positions ``first_B .. first_B + width - 1`` of each row (``width`` static, a length
+    bucket): the vocabulary head runs on the scored positions only (a question's own tokens
+    before its answer need none), in few compiled shapes."""
 
     def prefix_fn(state, tokens_PL, positions_PL):
         model = nnx.merge(graphdef, state)
@@ -54,7 +52,8 @@ def compile_fns(graphdef, cfg, place) -> tuple[Callable, Callable]:
         cache = place.constrain_cache(cache)
         return cache["k"], cache["v"], cache["pos"]
 
-    def suffix_fn(state, k_pre, v_pre, pos_pre, tokens_BS, positions_BS, targets_BS, start=0):
+    def suffix_fn(state, k_pre, v_pre, pos_pre, tokens_BS, positions_BS, targets_BS, first_B,
+                  width):
         model = nnx.merge(graphdef, state)
         b, s = tokens_BS.shape
         pad = jnp.zeros((*k_pre.shape[:3], s, k_pre.shape[4]), k_pre.dtype)
@@ -63,11 +62,13 @@ def compile_fns(graphdef, cfg, place) -> tuple[Callable, Callable]:
                  "pos": jnp.concatenate([pos_pre, jnp.full((b, s), -1, pos_pre.dtype)], 1),
                  "end": jnp.int32(k_pre.shape[3])}
         x_BSD, _ = model.hidden(tokens_BS, positions_BS, place.constrain_cache(cache))
-        return place.replicated(target_logprobs(model, x_BSD[:, start:],
-                                                targets_BS[:, start:]))
+        at_BW = jnp.minimum(first_B[:, None] + jnp.arange(width)[None], s - 1)
+        x_BWD = jnp.take_along_axis(x_BSD, at_BW[..., None], axis=1)
+        return place.replicated(target_logprobs(
+            model, x_BWD, jnp.take_along_axis(targets_BS, at_BW, axis=1)))
 
     return (jax.jit(place.traced(prefix_fn)),
-            jax.jit(place.traced(suffix_fn), static_argnames=("start",)))
+            jax.jit(place.traced(suffix_fn), static_argnames=("width",)))
 
 
 class PrefixKV:
@@ -200,12 +201,13 @@ def _score_chunk(lm, state, seqs, prompt_lens, chunk, lp, per_token, out, tally)
                 positions[j, :len(suf)] = shared[i] + np.arange(len(suf))
                 targets[j, :len(suf) - 1] = suf[1:]
             rows_ = lm.place.rows
-            firsts = [prompt_lens[i] - 1 - shared[i] for _, i in batch]  # the first scored
-            start = min(firsts) // SUFFIX_HEAD_STEP * SUFFIX_HEAD_STEP  # few static starts
+            first = np.zeros(padded, np.int32)  # each row's first scored position
+            first[:count] = [prompt_lens[i] - 1 - shared[i] for _, i in batch]
+            scored = [len(seqs[i]) - prompt_lens[i] for _, i in batch]
             logp = np.asarray(lm._suffix_fn(state, k_all[:, take], v_all[:, take],
                                             pos_all[take], rows_(tokens), rows_(positions),
-                                            rows_(targets), start=start))
+                                            rows_(targets), rows_(first),
+                                            width=bucket(max(scored), lm.buckets)))
             tally(sum(map(len, suffixes)), padded * ls)
-            for j, ((_, i), first) in enumerate(zip(batch, firsts)):
-                lo = first - start
-                out[i] = logp[j, lo:lo + len(seqs[i]) - prompt_lens[i]].astype(np.float32)
+            for j, n in enumerate(scored):
+                out[batch[j][1]] = logp[j, :n].astype(np.float32)
