@@ -82,10 +82,15 @@ def batch_rows(n: int, rows: int, multiple: int = 1) -> list[tuple[int, int]]:
     rows = -(-rows // multiple) * multiple
     out = [(rows, rows)] * (n // rows)
     if n % rows:
-        left = n % rows
-        short = min(rows, 1 << (left - 1).bit_length(), -(-left // ROW_STEP) * ROW_STEP)
-        out.append((left, -(-short // multiple) * multiple))
+        short = min(rows, padded_count(n % rows))
+        out.append((n % rows, -(-short // multiple) * multiple))
     return out
+
+
+def padded_count(n: int) -> int:
+    """``n`` rounded up to the next power of two or, past 8, to the next multiple of
+    :data:`ROW_STEP` when that is smaller: the few sizes an array of ``n`` rows is padded to."""
+    return min(1 << (max(n, 1) - 1).bit_length(), -(-n // ROW_STEP) * ROW_STEP)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from replug_jax.lm.batching import PrefixGroup, batch_rows, bucket, rows_for
+from replug_jax.lm.batching import PrefixGroup, batch_rows, bucket, padded_count, rows_for
 from replug_jax.models import init_cache, target_logprobs
 
 
@@ -166,10 +166,25 @@ def _prefix_caches(lm, state, seqs, chunk: Sequence[PrefixGroup], lp: int, tally
         tokens, positions = lm._pack([keys[i] for i in idx], lp, padded)
         k, v, pos = lm._prefix_fn(state, lm.place.rows(tokens), lm.place.rows(positions))
         tally(sum(len(keys[i]) for i in idx), padded * lp)
-        for j, i in enumerate(idx):
-            entries[i] = (k[:, j], v[:, j], pos[j])
+        for i, entry in zip(idx, _rows_of(k, v, pos)):
+            entries[i] = entry
             if lm.prefix_cache is not None:
-                lm.prefix_cache.put(keys[i], entries[i])
+                lm.prefix_cache.put(keys[i], entry)
+    # stacked to one of few sizes (the padding rows repeat the first entry; nothing reads
+    # them), so the stacking and the members' gathers compile a few programs, not one per
+    # chunk size
+    return _stack(entries + entries[:1] * (padded_count(len(entries)) - len(entries)))
+
+
+@jax.jit
+def _rows_of(k, v, pos):
+    """Each row's ``(k [layers, J, L, D], v, pos [L])`` of a batch of prefix caches, as one
+    program per batch shape (slicing row by row outside it compiles one per row index)."""
+    return [(k[:, j], v[:, j], pos[j]) for j in range(pos.shape[0])]
+
+
+@jax.jit
+def _stack(entries):
     return (jnp.stack([e[0] for e in entries], 1), jnp.stack([e[1] for e in entries], 1),
             jnp.stack([e[2] for e in entries], 0))
 
