@@ -66,7 +66,8 @@ CONFIGS = {
                           generate_modes=()),
     # What the demonstrations-first layout changes (likelihood and EM, same 100 questions,
     # paired): the paper's document-first layout against demonstrations ∘ d ∘ question.
-    "nq100_layouts": QAConfig(modes=("none", "replug"), generate_modes=("none", "replug"),
+    # REPLUG only: without a document both layouts are the same prompt.
+    "nq100_layouts": QAConfig(modes=("replug",), generate_modes=("replug",),
                               compare_layout="demonstrations_first"),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
