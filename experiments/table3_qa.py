@@ -92,7 +92,8 @@ def evaluate(cfg, retriever_source: str, passages, questions, answers, lm, label
         gold_doc = {i: i for i in selected}
     evaluator = QAEvaluator(
         questions, answers, selected, demonstrations=demonstrations(cfg, questions, answers),
-        layout=cfg.layout, modes=("replug",) if lsr else cfg.modes, generate_modes=cfg.generate_modes,
+        layout=cfg.layout, modes=("replug",) if lsr else cfg.modes,
+        generate_modes=cfg.generate_modes,
         likelihood=cfg.likelihood, max_new_tokens=cfg.max_new_tokens, gold_doc=gold_doc,
         partial=partial, label=label if cfg.layout == "document_first"
         else f"{label}:{cfg.layout}", row_names={"replug": "replug_lsr"} if lsr else None,
