@@ -64,11 +64,11 @@ CONFIGS = {
     "nq_open100": QAConfig(dataset="nq_open", modes=("none", "replug"), generate_modes=()),
     "nq_open30": QAConfig(dataset="nq_open", num_questions=30, modes=("none", "replug"),
                           generate_modes=()),
-    # What the demonstrations-first layout changes (likelihood and EM, same 100 questions,
+    # What the demonstrations-first layout changes (likelihood and EM, the same 50 questions,
     # paired): the paper's document-first layout against demonstrations ∘ d ∘ question.
     # REPLUG only: without a document both layouts are the same prompt.
-    "nq100_layouts": QAConfig(modes=("replug",), generate_modes=("replug",),
-                              compare_layout="demonstrations_first"),
+    "nq50_layouts": QAConfig(num_questions=50, modes=("replug",), generate_modes=("replug",),
+                             compare_layout="demonstrations_first"),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
 }
