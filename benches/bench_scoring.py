@@ -67,10 +67,11 @@ def squad_pairs(data: pathlib.Path, retriever, articles: int, questions: int, k:
     return prompts, conts
 
 
-def nq_pairs(data: pathlib.Path, retriever, questions: int, k: int, shots: int = 4):
+def nq_pairs(data: pathlib.Path, retriever, lm, questions: int, k: int, shots: int = 4):
     """NQ questions with their top-``k`` gold passages of the first 200 rows and ``shots``
-    demonstrations, in both layouts: ``{layout: (prompts, continuations)}``."""
-    from replug_jax.prompts import demonstrations_text, qa_prompt
+    demonstrations, in both layouts: ``{layout: (prompts, continuations)}``; each passage cut
+    from its end to fit ``lm``'s context, as REPLUG's branches are."""
+    from replug_jax.prompts import demonstrations_text, document_prompt, qa_prompt
 
     rows = [json.loads(line) for line in
             (data / "nq_gold_passages" / "nq_openbook.jsonl").read_text().splitlines()[:200]]
@@ -85,10 +86,13 @@ def nq_pairs(data: pathlib.Path, retriever, questions: int, k: int, shots: int =
     out = {"document_first": ([], []), "demonstrations_first": ([], [])}
     for (q, a), row in zip(qs, top):
         for j in row:
-            out["document_first"][0].append(
-                passages[j] + "\n\n" + qa_prompt(q, demonstrations=demos, chat=False))
-            out["demonstrations_first"][0].append(
-                shots_text + passages[j] + "\n\n" + qa_prompt(q, chat=False))
+            reserve = lm.count_tokens(" " + a)
+            out["document_first"][0].append(document_prompt(
+                lm, passages[j], qa_prompt(q, demonstrations=demos, chat=False),
+                reserve=reserve)[0])
+            out["demonstrations_first"][0].append(document_prompt(
+                lm, passages[j], qa_prompt(q, chat=False), reserve=reserve,
+                prefix=shots_text)[0])
             for layout in out:
                 out[layout][1].append(" " + a)
     return out
@@ -274,7 +278,7 @@ def main(argv=None):
         if "nq" in args.workloads:
             n_nq = 3 if args.quick else args.nq_questions
             workloads.update({f"nq_4shot_{layout}": pairs for layout, pairs in
-                              nq_pairs(data, retriever, n_nq, 4).items()})
+                              nq_pairs(data, retriever, current, n_nq, 4).items()})
     for name, (prompts, conts) in workloads.items():  # written after each: a kill keeps some
         measure(name, prompts, conts, contenders, torch_score, current.lm.config, peak,
                 args.repeats, rows, out)
