@@ -17,13 +17,11 @@ reuse: batches of 8 rows, buckets 32/64/128/192/256/384/512, no reuse), the curr
 reuse, and PyTorch ``transformers`` scoring the same token ids in length-sorted, right-padded
 batches of 8. Reported: pairs/s, the first call's seconds (a fresh process compiling every
 shape: what one scoring call of a new workload costs), ratios, the largest log-prob
-difference to the previous path
-(and to PyTorch), padding, the share of tokens reuse saved, and the fraction of the measured
+difference to the previous path (and to PyTorch), padding, the share of tokens reuse saved, and the fraction of the measured
 matmul peak (FLOPs of the tokens each contender really processes / time / peak).
 
 Usage: ``python -m benches.bench_scoring [--quick] [--workloads squad nq] [--data DIR]
-[--dtype bfloat16]``; reads the
-SQuAD and NQ files of ``../shared/data`` (or ``--data``; ``$REPLUG_SHARED_DATA``). Where they
+[--dtype bfloat16]``; reads the SQuAD and NQ files of ``../shared/data`` (or ``--data``; ``$REPLUG_SHARED_DATA``). Where they
 are absent (an accelerator machine), ``--synthetic`` builds the same shape from random tokens:
 passages of 100–200 tokens each retrieved by several of the questions (labelled synthetic).
 """
@@ -149,24 +147,27 @@ def torch_scorer(source: str, lm, dtype: str):
     return score
 
 
+def _reset(lm) -> None:
+    """No counts and no prefix kept from an earlier call: each call starts alike."""
+    lm.stats = type(lm.stats)()
+    if lm.prefix_cache is not None:
+        lm.prefix_cache.clear()
+
+
 def measure(name, prompts, conts, contenders, torch_score, cfg, peak, repeats, rows, out):
     first = next(iter(contenders.values()))
     pairs = [first.split_continuation(p, c) for p, c in zip(prompts, conts)]
     prefixes, cont_ids = [a for a, _ in pairs], [b for _, b in pairs]
     results, stats, cold = {}, {}, {}
     for label, lm in contenders.items():  # the warm-up call compiles every shape: timed too
-        lm.stats = type(lm.stats)()
-        if lm.prefix_cache is not None:
-            lm.prefix_cache.clear()
+        _reset(lm)
         t0 = time.perf_counter()
         results[label] = lm.score_token_ids(prefixes, cont_ids)
         cold[label] = time.perf_counter() - t0
 
     def fresh(label, lm):  # each timed call starts with no prefix kept from the previous one
         def run():
-            lm.stats = type(lm.stats)()
-            if lm.prefix_cache is not None:
-                lm.prefix_cache.clear()
+            _reset(lm)
             lm.score_token_ids(prefixes, cont_ids)
             stats[label] = lm.stats.summary()
         return run
