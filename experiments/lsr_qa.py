@@ -35,7 +35,7 @@ from experiments import lm_datastore
 from experiments.common import load_lm, parse_experiment_args, provenance, run
 from experiments.configs.lsr_qa import CONFIGS, PRIMARY_ENDPOINT
 from experiments.lsr_common import label, min_detectable, save_params, slug, variants
-from experiments.lsr_qa_data import examples_of, open_study
+from experiments.lsr_qa_data import SPLITS, examples_of, open_study
 from experiments.lsr_qa_report import chosen_name, release, write_report
 from replug_jax.core.ensemble import retrieval_log_weights
 from replug_jax.eval.qa import exact_match, f1_score, first_line
@@ -285,7 +285,6 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
                 rows[n][f"recall@{r}_vs_base"] = compare(hits[n][r], hits[BASE][r], art, cfg)
     primary = rows[chosen]["vs_base"]
     passes = primary["low"] > 0
-    splits = ("train", "dev", "test")
     dev_art = [q.article for f in folds for q in f["questions"]["dev"]]
     headroom = {"dev": compare(cat("oracle", "dev"), cat("base_ll", "dev"), dev_art, cfg),
                 "test": compare(cat("oracle", "test"), cat("base_ll", "test"), art, cfg)}
@@ -294,7 +293,7 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
         gen += (offset + f["gen_rows"]).tolist()
         offset += len(f["questions"]["test"])
     refs = [test_qs[i].answers for i in gen]
-    for who in ("base retriever", "chosen"):
+    for who in (BASE, "chosen"):
         preds = [a for f in folds for a in f["answers"].get(who, [])]
         if len(preds) == len(gen) and gen:
             qa[who] = {"em": [exact_match(p, a) for p, a in zip(preds, refs)],
@@ -317,10 +316,10 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
         "systems": rows, "oracle_vs_base": headroom,
         "lm_alone_test_loglik": float(np.concatenate([f["alone"] for f in folds]).mean()),
         "qa": qa, "folds": len(folds),
-        "questions": {s: sum(len(f["questions"][s]) for f in folds) for s in splits},
-        "questions_per_fold": {s: [len(f["questions"][s]) for f in folds] for s in splits},
+        "questions": {s: sum(len(f["questions"][s]) for f in folds) for s in SPLITS},
+        "questions_per_fold": {s: [len(f["questions"][s]) for f in folds] for s in SPLITS},
         "articles": {s: len({q.article for f in folds for q in f["questions"][s]})
-                     for s in splits},
+                     for s in SPLITS},
         "datastore_passages": len(study.store), "runs": runs,
         "per_example": {"test": {
             "ids": [q.id for q in test_qs], "articles": art,
