@@ -14,8 +14,8 @@ datastore in :mod:`experiments.lsr_qa_data`).
    for every objective × (γ, β), early-stopped on dev
    (:func:`replug_jax.train.pool.train_on_pool`, only the query tower learning by default).
 5. **Test, end to end**: every retriever (base, each variant) retrieves its top-k for every
-   test question from the whole datastore; pairs missing from the test pool are scored; τ is
-   fitted on the dev pool per retriever; the primary endpoint, recall@k and EM/F1 are compared
+   test question from the whole datastore; the pairs the test pool lacks (their union over
+   retrievers) are scored once; τ is fitted on the dev pool per retriever; the primary endpoint, recall@k and EM/F1 are compared
    with the base over all folds' test questions, intervals bootstrapped over articles (NQ:
    questions).
 
@@ -75,34 +75,42 @@ def pool_scores(retriever, params, pool, examples, by_id, frozen: dict) -> np.nd
     return np.einsum("ed,emd->em", q, d)
 
 
-def end_to_end(name, res, examples, pool, lm, by_id, work, tau, k, progress,
-               part_size: int = 32) -> np.ndarray:
-    """``[E]`` REPLUG log-likelihoods of the gold answers with the top-``k`` of ``res``
-    (retrieved from the whole datastore) and ``λ = softmax(s/τ)``; pairs that the test pool
-    lacks are scored (resumably) into ``work/extra_<name>``."""
-    e_n = len(examples)
-    where = {(i, int(pid)): j for (i, j), pid in np.ndenumerate(pool.doc_ids_EM) if pid >= 0}
-    missing = [[int(pid) for pid in res.ids[i, :k] if pid >= 0 and (i, int(pid)) not in where]
-               for i in range(e_n)]
+def score_missing(results: dict, examples, pool, lm, by_id, work, k: int, progress,
+                  part_size: int = 32) -> dict:
+    """``{(question, passage id): log-probs}`` for every pair in some retriever's top-``k``
+    (``results``: name → retrieval) that the test pool lacks: the union over retrievers,
+    scored once (resumably) into ``work/extra_test_<digest>``."""
+    in_pool = {(i, int(pid)) for (i, _), pid in np.ndenumerate(pool.doc_ids_EM) if pid >= 0}
+    missing = [sorted({int(pid) for res in results.values() for pid in res.ids[i, :k]
+                       if pid >= 0 and (i, int(pid)) not in in_pool})
+               for i in range(len(examples))]
     width = max((len(m) for m in missing), default=0)
-    extra = None
-    if width:
+    if not width:
+        return {}
+    for res in results.values():
         by_id.update({p.id: p for ps in res.passages for p in ps})
-        cand = np.array([m + [-1] * (width - len(m)) for m in missing], np.int64)
-        digest = hashlib.sha256(cand.tobytes()).hexdigest()[:10]
-        extra = build_pool(examples, cand, np.zeros(cand.shape, np.float32), by_id, lm,
-                           work / f"extra_{slug(name)}_{digest}", {"retrieved_by": name},
-                           part_size=part_size, progress=progress)
-    t = pool.branches.logprobs_NKT.shape[-1]
-    if extra is not None:
-        t = max(t, extra.branches.logprobs_NKT.shape[-1])
-    lp = np.zeros((e_n, k, t), np.float32)
-    for i in range(e_n):
+    cand = np.array([m + [-1] * (width - len(m)) for m in missing], np.int64)
+    digest = hashlib.sha256(cand.tobytes()).hexdigest()[:10]
+    extra = build_pool(examples, cand, np.zeros(cand.shape, np.float32), by_id, lm,
+                       work / f"extra_test_{digest}", {"retrieved_by": sorted(results)},
+                       part_size=part_size, progress=progress)
+    return {(i, pid): extra.branches.logprobs_NKT[i, j]
+            for i, m in enumerate(missing) for j, pid in enumerate(m)}
+
+
+def end_to_end(res, pool, extra: dict, tau, k: int) -> np.ndarray:
+    """``[E]`` REPLUG log-likelihoods of the gold answers with the top-``k`` of ``res``
+    (retrieved from the whole datastore) and ``λ = softmax(s/τ)``, each pair's log-probs
+    from the test pool or, when it lacks the pair, from ``extra`` (:func:`score_missing`)."""
+    where = {(i, int(pid)): j for (i, j), pid in np.ndenumerate(pool.doc_ids_EM) if pid >= 0}
+    t = max([pool.branches.logprobs_NKT.shape[-1], *(len(r) for r in extra.values())])
+    lp = np.zeros((len(res.ids), k, t), np.float32)
+    for i in range(len(res.ids)):
         for slot, pid in enumerate(res.ids[i, :k]):
-            if (i, int(pid)) in where:
-                row = pool.branches.logprobs_NKT[i, where[i, int(pid)]]
-            else:
-                row = extra.branches.logprobs_NKT[i, missing[i].index(int(pid))]
+            if pid < 0:
+                continue
+            key = (i, int(pid))
+            row = (pool.branches.logprobs_NKT[i, where[key]] if key in where else extra[key])
             lp[i, slot, :len(row)] = row
     scored = {"lp": lp, "length": pool.branches.token_mask_NT.sum(1),
               "branches": (res.ids[:, :k] >= 0).sum(1), "scores": res.scores[:, :k]}
@@ -192,26 +200,30 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
     out["gen_rows"] = np.unique(np.linspace(0, len(test_qs) - 1, n_gen).round().astype(int))
     gold = np.array([q.paragraph for q in test_qs])
     base_test = base_all[split["test"][0]]
+    results = {}
     for name, params in {BASE: None, **{n: r["params"] for n, r in runs.items()}}.items():
         dev_s = (base_scores["dev"] if params is None else
                  pool_scores(retriever, params, pools["dev"], examples["dev"], by_id, frozen))
         out["tau"][name], out["dev_ll"][name] = fit_tau(pools["dev"], dev_s, cfg.k,
                                                         cfg.tau_grid)
         rows = split["test"][1]
-        res = (dataclasses.replace(base_test, ids=base_test.ids[rows],
-                                   scores=base_test.scores[rows],
-                                   passages=[base_test.passages[i] for i in rows])
-               if params is None else retrieve(study.store, retriever, params, test_qs,
-                                               max(cfg.k, *cfg.recall_ks)))
-        out["ll"][name] = end_to_end(name, res, examples["test"], pools["test"], lm, by_id,
-                                     work, out["tau"][name], cfg.k, progress, cfg.part_size)
+        results[name] = res = (
+            dataclasses.replace(base_test, ids=base_test.ids[rows],
+                                scores=base_test.scores[rows],
+                                passages=[base_test.passages[i] for i in rows])
+            if params is None else retrieve(study.store, retriever, params, test_qs,
+                                            max(cfg.k, *cfg.recall_ks)))
         out["hits"][name] = {r: (res.ids[:, :r] == gold[:, None]).any(1).astype(float)
                              for r in cfg.recall_ks}
+    extra = score_missing(results, examples["test"], pools["test"], lm, by_id, work, cfg.k,
+                          progress, cfg.part_size)
+    for name, res in results.items():
+        out["ll"][name] = end_to_end(res, pools["test"], extra, out["tau"][name], cfg.k)
         if out["gen_rows"].size and name in (BASE, out["chosen"]):
             g = out["gen_rows"]
             sub = dataclasses.replace(res, ids=res.ids[g], scores=res.scores[g],
                                       passages=[res.passages[i] for i in g])
-            out["answers"][BASE if params is None else "chosen"] = generate_answers(
+            out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
                 lm, [examples["test"][i] for i in g], sub, by_id, out["tau"][name], cfg.k,
                 cfg.max_new_tokens)
     out["alone"] = np.array([r.total for r in lm.score_continuations(
