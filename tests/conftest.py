@@ -14,6 +14,8 @@ if "xla_force_host_platform_device_count" not in _flags:
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from replug_jax.map_limit import map_count_and_limit  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _CACHE = os.environ.get("REPLUG_JAX_CACHE_DIR", str(ROOT / ".jax_cache"))
 jax.config.update("jax_compilation_cache_dir", _CACHE)
@@ -46,25 +48,18 @@ def _drop_compiled_programs() -> None:
     gc.collect()
 
 
-def _memory_maps() -> int:
-    """How many memory maps the process holds (Linux; 0 elsewhere)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return sum(1 for _ in maps)
-    except OSError:
-        return 0
-
-
 # Each compiled CPU program maps its code in several regions: a long module (test_experiments
 # compiles thousands of programs) nears the kernel's default limit of 65,530 maps, past which
-# XLA aborts. Compiled programs are dropped after any test that leaves more than this many.
+# XLA aborts (replug_jax.map_limit). Compiled programs are dropped after any test that leaves
+# more than this many.
 MAX_MAPS = 16_384
 
 
 @pytest.fixture(autouse=True)
 def _bound_memory_maps():
     yield
-    if _memory_maps() > MAX_MAPS:
+    seen = map_count_and_limit()
+    if seen is not None and seen[0] > MAX_MAPS:
         _drop_compiled_programs()
 
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from replug_jax import map_limit
 from replug_jax.lm.batching import (
     batch_rows,
     bucket,
@@ -235,6 +236,7 @@ class FlaxLM(EnsembleDecoding):
         prompt_lens = [len(p) for p in prefixes]
         for s in seqs:
             self._bucket(len(s))  # one error, before any work
+        map_limit.relieve()  # a long run of many shapes stays under vm.max_map_count
         out: list[np.ndarray] = [None] * len(seqs)  # type: ignore[list-item]
         groups, singles = [], list(range(len(seqs)))
         with Timer() as t:

@@ -1,0 +1,63 @@
+"""Long runs stay under vm.max_map_count: JAX's compiled programs are dropped near the limit,
+and scoring goes on with the same numbers."""
+
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from _models import tiny_lm
+from replug_jax import map_limit
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+@linux
+def test_counts_this_process_maps_against_the_kernel_limit():
+    count, limit = map_limit.map_count_and_limit()
+    assert 0 < count < limit
+    assert not map_limit.relieve(threshold=1.0)  # nowhere near
+
+
+def _fake_limit(tmp_path, monkeypatch, limit: int):
+    path = tmp_path / "max_map_count"
+    path.write_text(f"{limit}\n")
+    monkeypatch.setattr(map_limit, "_LIMIT", path)
+
+
+@linux
+def test_near_the_limit_compiled_programs_are_dropped(tmp_path, monkeypatch):
+    f = jax.jit(lambda x: x * 2 + 1)
+    f(np.float32(1.0))
+    assert f._cache_size() == 1
+    _fake_limit(tmp_path, monkeypatch, 10**9)
+    assert not map_limit.relieve() and f._cache_size() == 1
+    count, _ = map_limit.map_count_and_limit()
+    _fake_limit(tmp_path, monkeypatch, count)  # every mapping the "kernel" allows is in use
+    assert map_limit.relieve()
+    assert f._cache_size() == 0
+    assert float(f(np.float32(2.0))) == 5.0  # compiled again when next needed
+
+
+def test_without_proc_nothing_happens(tmp_path, monkeypatch):
+    monkeypatch.setattr(map_limit, "_LIMIT", tmp_path / "absent")
+    assert map_limit.map_count_and_limit() is None
+    assert not map_limit.relieve()
+
+
+@linux
+def test_scoring_under_map_pressure_gives_the_same_log_probs(tmp_path, monkeypatch):
+    lm = tiny_lm(0)
+    rng = np.random.default_rng(0)
+    doc = [1] + list(rng.integers(3, 49000, size=40))
+    prefixes = [doc + list(rng.integers(3, 49000, size=n)) for n in (3, 9, 17)]
+    conts = [list(rng.integers(3, 49000, size=n)) for n in (4, 2, 7)]
+    want = lm.score_token_ids(prefixes, conts)
+    count, _ = map_limit.map_count_and_limit()
+    _fake_limit(tmp_path, monkeypatch, count // 2)  # every call now clears the caches
+    clear, cleared = jax.clear_caches, []
+    monkeypatch.setattr(jax, "clear_caches", lambda: (cleared.append(1), clear())[1])
+    got = lm.score_token_ids(prefixes, conts)
+    assert cleared  # and the programs were compiled anew
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), atol=1e-6, rtol=0)
