@@ -31,8 +31,12 @@ def test_near_the_limit_compiled_programs_are_dropped(tmp_path, monkeypatch):
     f = jax.jit(lambda x: x * 2 + 1)
     f(np.float32(1.0))
     assert f._cache_size() == 1
-    _fake_limit(tmp_path, monkeypatch, 10**9)
+    _fake_limit(tmp_path, monkeypatch, 10**9)  # a raised limit: the default one still counts
     assert not map_limit.relieve() and f._cache_size() == 1
+    monkeypatch.setattr(map_limit, "DEFAULT_LIMIT", 10)
+    assert map_limit.relieve() and f._cache_size() == 0
+    f(np.float32(1.0))
+    monkeypatch.undo()
     count, _ = map_limit.map_count_and_limit()
     _fake_limit(tmp_path, monkeypatch, count)  # every mapping the "kernel" allows is in use
     assert map_limit.relieve()
