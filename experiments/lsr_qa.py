@@ -15,9 +15,9 @@ datastore in :mod:`experiments.lsr_qa_data`).
    (:func:`replug_jax.train.pool.train_on_pool`, only the query tower learning by default).
 5. **Test, end to end**: every retriever (base, each variant) retrieves its top-k for every
    test question from the whole datastore; the pairs the test pool lacks (their union over
-   retrievers) are scored once; τ is fitted on the dev pool per retriever; the primary endpoint, recall@k and EM/F1 are compared
-   with the base over all folds' test questions, intervals bootstrapped over articles (NQ:
-   questions).
+   retrievers) are scored once; τ is fitted on the dev pool per retriever; the primary
+   endpoint, recall@k and EM/F1 are compared with the base over all folds' test questions,
+   intervals bootstrapped over articles (NQ: questions).
 
 Usage: ``python -m experiments.lsr_qa [--config default|nq|tiny] [--set key=value ...]``.
 """
