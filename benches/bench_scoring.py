@@ -17,13 +17,15 @@ reuse: batches of 8 rows, buckets 32/64/128/192/256/384/512, no reuse), the curr
 reuse, and PyTorch ``transformers`` scoring the same token ids in length-sorted, right-padded
 batches of 8. Reported: pairs/s, the first call's seconds (a fresh process compiling every
 shape: what one scoring call of a new workload costs), ratios, the largest log-prob
-difference to the previous path (and to PyTorch), padding, the share of tokens reuse saved, and the fraction of the measured
-matmul peak (FLOPs of the tokens each contender really processes / time / peak).
+difference to the previous path (and to PyTorch), padding, the share of tokens reuse saved,
+and the fraction of the measured matmul peak (FLOPs of the tokens each contender really
+processes / time / peak).
 
 Usage: ``python -m benches.bench_scoring [--quick] [--workloads squad nq] [--data DIR]
-[--dtype bfloat16]``; reads the SQuAD and NQ files of ``../shared/data`` (or ``--data``; ``$REPLUG_SHARED_DATA``). Where they
-are absent (an accelerator machine), ``--synthetic`` builds the same shape from random tokens:
-passages of 100–200 tokens each retrieved by several of the questions (labelled synthetic).
+[--dtype bfloat16]``; reads the SQuAD and NQ files of ``../shared/data`` (or ``--data``;
+``$REPLUG_SHARED_DATA``). Where they are absent (an accelerator machine), ``--synthetic``
+builds the same shape from random tokens: passages of 100–200 tokens each retrieved by
+several of the questions (labelled synthetic).
 """
 
 from __future__ import annotations

@@ -75,18 +75,19 @@ def pool_scores(retriever, params, pool, examples, by_id, frozen: dict) -> np.nd
     return np.einsum("ed,emd->em", q, d)
 
 
-def score_missing(results: dict, examples, pool, lm, by_id, work, k: int, progress,
+def pair_logprobs(results: dict, examples, pool, lm, by_id, work, k: int, progress,
                   part_size: int = 32) -> dict:
-    """``{(question, passage id): log-probs}`` for every pair in some retriever's top-``k``
-    (``results``: name → retrieval) that the test pool lacks: the union over retrievers,
-    scored once (resumably) into ``work/extra_test_<digest>``."""
-    in_pool = {(i, int(pid)) for (i, _), pid in np.ndenumerate(pool.doc_ids_EM) if pid >= 0}
+    """``{(question, passage id): log-probs}`` for every pair of the test pool and every pair
+    in some retriever's top-``k`` (``results``: name → retrieval): those the pool lacks (their
+    union over retrievers) are scored once, resumably, into ``work/extra_test_<digest>``."""
+    logprobs = {(i, int(pid)): pool.branches.logprobs_NKT[i, j]
+                for (i, j), pid in np.ndenumerate(pool.doc_ids_EM) if pid >= 0}
     missing = [sorted({int(pid) for res in results.values() for pid in res.ids[i, :k]
-                       if pid >= 0 and (i, int(pid)) not in in_pool})
+                       if pid >= 0 and (i, int(pid)) not in logprobs})
                for i in range(len(examples))]
     width = max((len(m) for m in missing), default=0)
     if not width:
-        return {}
+        return logprobs
     for res in results.values():
         by_id.update({p.id: p for ps in res.passages for p in ps})
     cand = np.array([m + [-1] * (width - len(m)) for m in missing], np.int64)
@@ -94,26 +95,24 @@ def score_missing(results: dict, examples, pool, lm, by_id, work, k: int, progre
     extra = build_pool(examples, cand, np.zeros(cand.shape, np.float32), by_id, lm,
                        work / f"extra_test_{digest}", {"retrieved_by": sorted(results)},
                        part_size=part_size, progress=progress)
-    return {(i, pid): extra.branches.logprobs_NKT[i, j]
-            for i, m in enumerate(missing) for j, pid in enumerate(m)}
+    logprobs.update({(i, pid): extra.branches.logprobs_NKT[i, j]
+                     for i, m in enumerate(missing) for j, pid in enumerate(m)})
+    return logprobs
 
 
-def end_to_end(res, pool, extra: dict, tau, k: int) -> np.ndarray:
-    """``[E]`` REPLUG log-likelihoods of the gold answers with the top-``k`` of ``res``
-    (retrieved from the whole datastore) and ``λ = softmax(s/τ)``, each pair's log-probs
-    from the test pool or, when it lacks the pair, from ``extra`` (:func:`score_missing`)."""
-    where = {(i, int(pid)): j for (i, j), pid in np.ndenumerate(pool.doc_ids_EM) if pid >= 0}
-    t = max([pool.branches.logprobs_NKT.shape[-1], *(len(r) for r in extra.values())])
+def end_to_end(res, logprobs: dict, length_E: np.ndarray, tau, k: int) -> np.ndarray:
+    """``[E]`` REPLUG log-likelihoods of the gold answers (``length_E`` tokens) with the
+    top-``k`` of ``res`` (retrieved from the whole datastore) and ``λ = softmax(s/τ)``, each
+    pair's log-probs from ``logprobs`` (:func:`pair_logprobs`)."""
+    t = max(len(r) for r in logprobs.values())
     lp = np.zeros((len(res.ids), k, t), np.float32)
     for i in range(len(res.ids)):
         for slot, pid in enumerate(res.ids[i, :k]):
-            if pid < 0:
-                continue
-            key = (i, int(pid))
-            row = (pool.branches.logprobs_NKT[i, where[key]] if key in where else extra[key])
-            lp[i, slot, :len(row)] = row
-    scored = {"lp": lp, "length": pool.branches.token_mask_NT.sum(1),
-              "branches": (res.ids[:, :k] >= 0).sum(1), "scores": res.scores[:, :k]}
+            if pid >= 0:
+                row = logprobs[i, int(pid)]
+                lp[i, slot, :len(row)] = row
+    scored = {"lp": lp, "length": length_E, "branches": (res.ids[:, :k] >= 0).sum(1),
+              "scores": res.scores[:, :k]}
     return lm_datastore.window_logliks(scored, tau=tau)
 
 
@@ -215,10 +214,11 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
                                             max(cfg.k, *cfg.recall_ks)))
         out["hits"][name] = {r: (res.ids[:, :r] == gold[:, None]).any(1).astype(float)
                              for r in cfg.recall_ks}
-    extra = score_missing(results, examples["test"], pools["test"], lm, by_id, work, cfg.k,
-                          progress, cfg.part_size)
+    logprobs = pair_logprobs(results, examples["test"], pools["test"], lm, by_id, work, cfg.k,
+                             progress, cfg.part_size)
+    length = pools["test"].branches.token_mask_NT.sum(1)
     for name, res in results.items():
-        out["ll"][name] = end_to_end(res, pools["test"], extra, out["tau"][name], cfg.k)
+        out["ll"][name] = end_to_end(res, logprobs, length, out["tau"][name], cfg.k)
         if out["gen_rows"].size and name in (BASE, out["chosen"]):
             g = out["gen_rows"]
             sub = dataclasses.replace(res, ids=res.ids[g], scores=res.scores[g],
