@@ -12,8 +12,10 @@ CHECKPOINTS = pathlib.Path(__file__).resolve().parents[1] / "checkpoints"
 FOLDERS = sorted(p for p in CHECKPOINTS.iterdir() if p.is_dir())
 
 
-@pytest.mark.parametrize("folder", FOLDERS, ids=[p.name for p in FOLDERS])
-def test_release_rule(folder):
+def check_release_rule(folder: pathlib.Path) -> None:
+    """A card with weights leads with "Better than its base" and an interval excluding zero
+    in the retriever's favour (below zero for bits per byte; above zero where the card says
+    higher is better); a card without weights leads with "Not better than its base"."""
     card = (folder / "MODEL_CARD.md").read_text()
     body = card.split("\n", 1)[1].lstrip()
     weights = folder / "model.safetensors"
@@ -24,8 +26,16 @@ def test_release_rule(folder):
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
     assert digest in card, f"{folder}: the card lacks the weights' SHA-256 {digest}"
     interval = re.search(r"\[([−+-][\d.]+), ([−+-][\d.]+)\]", body)
-    assert interval and float(interval.group(2).replace("−", "-")) < 0, folder
+    assert interval, folder
+    low, high = (float(g.replace("−", "-")) for g in interval.groups())
+    lead = body.split("\n\n", 1)[0]
+    assert (low > 0 if "higher is better" in lead else high < 0), folder
     from replug_jax.retrieval.encoder import Retriever
 
     retriever = Retriever.load(str(folder))
     assert retriever.encode_queries(["a query"]).shape == (1, retriever.dim)
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[p.name for p in FOLDERS])
+def test_release_rule(folder):
+    check_release_rule(folder)

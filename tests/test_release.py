@@ -107,3 +107,6 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     card = (out / "MODEL_CARD.md").read_text()
     digest = hashlib.sha256((out / "passage_encoder" / "model.safetensors").read_bytes())
     assert digest.hexdigest() in card and "+0.500 [+0.200, +0.800]" in card
+    from tests.test_checkpoints import check_release_rule
+
+    check_release_rule(out)  # the rule tests/test_checkpoints.py applies to checkpoints/
