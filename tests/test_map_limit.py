@@ -65,3 +65,23 @@ def test_scoring_under_map_pressure_gives_the_same_log_probs(tmp_path, monkeypat
     got = lm.score_token_ids(prefixes, conts)
     assert cleared  # and the programs were compiled anew
     np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), atol=1e-6, rtol=0)
+
+
+def _rss_mib() -> float:
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(map_limit._malloc_trim() is None, reason="glibc's malloc_trim")
+def test_freed_heap_pages_go_back_to_the_system(monkeypatch):
+    monkeypatch.setattr(map_limit, "_last_trim", float("-inf"))
+    chunks = [bytearray(50_000) for _ in range(4000)]  # 200 MB of heap below the mmap size
+    for c in chunks:
+        c[::4096] = b"x" * len(c[::4096])  # touched: resident
+    keep = chunks[-1]  # holds the heap's top: free() alone cannot give the rest back
+    del chunks
+    before = _rss_mib()
+    assert map_limit.trim_heap(every_s=30.0)
+    assert before - _rss_mib() > 100
+    assert not map_limit.trim_heap(every_s=30.0)  # again within 30 s: nothing
+    assert map_limit.trim_heap(every_s=0.0)
+    del keep
