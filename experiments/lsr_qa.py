@@ -48,6 +48,7 @@ from replug_jax.train.pool import (
     embed_pool,
     oracle_logliks,
     pool_logliks,
+    score_pairs,
     train_on_pool,
 )
 from replug_jax.train.refresh import unflatten_params
@@ -92,11 +93,11 @@ def pair_logprobs(results: dict, examples, pool, lm, by_id, work, k: int, progre
         by_id.update({p.id: p for ps in res.passages for p in ps})
     cand = np.array([m + [-1] * (width - len(m)) for m in missing], np.int64)
     digest = hashlib.sha256(cand.tobytes()).hexdigest()[:10]
-    extra = build_pool(examples, cand, np.zeros(cand.shape, np.float32), by_id, lm,
-                       work / f"extra_test_{digest}", {"retrieved_by": sorted(results)},
-                       part_size=part_size, progress=progress)
-    logprobs.update({(i, pid): extra.branches.logprobs_NKT[i, j]
-                     for i, m in enumerate(missing) for j, pid in enumerate(m)})
+    lp_EMT, _, _ = score_pairs(examples, cand, by_id, lm, work / f"extra_test_{digest}",
+                               {"retrieved_by": sorted(results)}, part_size=part_size,
+                               progress=progress)
+    logprobs.update({(i, pid): lp_EMT[i, j] for i, m in enumerate(missing)
+                     for j, pid in enumerate(m)})
     return logprobs
 
 

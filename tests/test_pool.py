@@ -13,6 +13,7 @@ from replug_jax.train.pool import (
     ScoredPool,
     build_pool,
     pool_logliks,
+    score_pairs,
     top_k_in_pool,
     train_on_pool,
 )
@@ -79,6 +80,28 @@ def test_pool_scores_equal_the_lm_and_resume_after_a_kill(tiny, tmp_path, monkey
         build_pool(_examples(), pool.doc_ids_EM, pool.branches.scores_NK,
                    {p.id: p for p in passages}, lm_, tmp_path / "pool", {"lm": "another"},
                    progress=False)
+
+
+def test_pairs_of_examples_without_candidates_are_scored_as_the_pool_scores_them(tiny,
+                                                                                 tmp_path):
+    """What ``lsr_qa`` scores beyond the test pool: some questions have no pair missing."""
+    lm, _ = tiny
+    pool, passages = _pool(tiny, tmp_path / "pool")
+    cand = pool.doc_ids_EM.copy()
+    cand[[0, 2]] = -1  # two examples with nothing to score
+    by_id = {p.id: p for p in passages}
+    with pytest.raises(ValueError, match="no scored document"):  # a pool needs a candidate
+        build_pool(_examples(), cand, np.zeros(cand.shape, np.float32), by_id, lm,
+                   tmp_path / "pool2", {"test": 2}, part_size=2, progress=False)
+    lp_EMT, n_tok_E, prov = score_pairs(_examples(), cand, by_id, lm, tmp_path / "extra",
+                                        {"test": 2}, part_size=2, progress=False)
+    assert prov["pairs"] == int((cand >= 0).sum())
+    t = lp_EMT.shape[-1]
+    for i in (1, 3):
+        np.testing.assert_allclose(lp_EMT[i][cand[i] >= 0],
+                                   pool.branches.logprobs_NKT[i][cand[i] >= 0][:, :t],
+                                   atol=1e-6)
+    assert not lp_EMT[[0, 2]].any() and n_tok_E[1] == pool.branches.token_mask_NT[1].sum()
 
 
 def test_replug_within_the_pool_equals_a_hand_computed_mixture(tiny, tmp_path):

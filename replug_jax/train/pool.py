@@ -109,13 +109,34 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
                base_scores_EM: np.ndarray, passages_by_id: dict, scorer,
                directory: str | pathlib.Path, provenance: dict, *, separator: str = "\n\n",
                part_size: int = 32, progress: bool = True) -> ScoredPool:
-    """Score every (example, candidate) pair once and save the pool in ``directory``.
+    """Score every (example, candidate) pair once (:func:`score_pairs`) and save the pool in
+    ``directory``; every example needs a candidate. Returns the pool, with ``provenance``
+    extended by the pairs/s measured."""
+    lp_EMT, n_tok_E, provenance = score_pairs(
+        examples, candidates_EM, passages_by_id, scorer, directory, provenance,
+        separator=separator, part_size=part_size, progress=progress)
+    token_mask = np.arange(lp_EMT.shape[-1])[None, :] < n_tok_E[:, None]
+    candidates_EM = np.asarray(candidates_EM, np.int64)
+    branches = BranchCache(lp_EMT, np.asarray(base_scores_EM, np.float32), candidates_EM >= 0,
+                           token_mask, np.array([len(ex.continuation.encode("utf-8"))
+                                                 for ex in examples], np.int64),
+                           tuple(ex.id for ex in examples))
+    pool = ScoredPool(branches, candidates_EM, {**provenance, "version": POOL_VERSION})
+    pool.save(directory)
+    return pool
+
+
+def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages_by_id: dict,
+                scorer, directory: str | pathlib.Path, provenance: dict, *,
+                separator: str = "\n\n", part_size: int = 32, progress: bool = True
+                ) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``(log-probs [E, M, T], target tokens [E], provenance)`` of every (example, candidate)
+    pair (candidates ``-1``: none; an example may have none), scored once.
 
     Pairs are scored ``part_size`` examples at a time (``scorer`` buckets them by length) and
-    each part is written as its own file, so a killed build resumes at the first missing part;
-    a folder holding parts of another build (``provenance`` or the candidates differ) is
-    refused. Returns the
-    pool, with ``provenance`` extended by the pairs/s measured.
+    each part is written as its own file in ``directory``, so a killed build resumes at the
+    first missing part; a folder holding parts of another build (``provenance`` or the
+    candidates differ) is refused. The provenance returned adds the pairs/s measured.
     """
     from tqdm.auto import tqdm
 
@@ -171,18 +192,10 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
     lp_EMT = np.concatenate([np.pad(a, ((0, 0), (0, 0), (0, t_max - a.shape[-1])))
                              for a, _ in loaded])
     n_tok_E = np.concatenate([b for _, b in loaded])
-    token_mask = np.arange(t_max)[None, :] < n_tok_E[:, None]
-    branches = BranchCache(lp_EMT, np.asarray(base_scores_EM, np.float32), candidates_EM >= 0,
-                           token_mask, np.array([len(ex.continuation.encode("utf-8"))
-                                                 for ex in examples], np.int64),
-                           tuple(ex.id for ex in examples))
     measured = {"pairs": int((candidates_EM >= 0).sum())}
     if scored:
         measured.update(pairs_scored_now=scored, pairs_per_second=round(scored / seconds, 3))
-    pool = ScoredPool(branches, np.asarray(candidates_EM, np.int64),
-                      {**provenance, "version": POOL_VERSION, **measured})
-    pool.save(d)
-    return pool
+    return lp_EMT, n_tok_E, {**provenance, **measured}
 
 
 def _part_readable(path: pathlib.Path, rows: int, m: int) -> bool:
