@@ -117,21 +117,28 @@ def end_to_end(res, logprobs: dict, length_E: np.ndarray, tau, k: int) -> np.nda
     return lm_datastore.window_logliks(scored, tau=tau)
 
 
-def generate_answers(lm, examples, res, by_id, tau, k, max_new_tokens, batch: int = 8,
-                     progress: bool = True) -> list[str]:
+def generate_answers(lm, examples, res, by_id, tau, k, max_new_tokens, saved: pathlib.Path,
+                     batch: int = 8, progress: bool = True) -> list[str]:
     """Greedy REPLUG answers (coordinated decoding over the top-``k`` branches, §3.2),
-    ``batch`` questions per call: all 300 at once (1,200 branches) ran out of 24 GB."""
+    ``batch`` questions per call (all 300 at once, 1,200 branches, ran out of 24 GB), each
+    batch's answers kept in ``saved`` so a killed run resumes where it stopped."""
     from tqdm.auto import tqdm
 
     prompts = [branch_prompts([e] * len(ps[:k]), ps[:k], lm)
                for e, ps in zip(examples, res.passages)]
     log_w = np.asarray(retrieval_log_weights(res.scores[:, :k], tau))
-    texts = []
+    key = hashlib.sha256(json.dumps([prompts, log_w.round(5).tolist(), max_new_tokens])
+                         .encode()).hexdigest()
+    back = json.loads(saved.read_text()) if saved.exists() else {}
+    texts = back["texts"] if back.get("key") == key else []  # else: answered anew
     for lo in tqdm(range(0, len(prompts), batch), desc="greedy answers", unit="batch",
                    disable=not progress):
+        if lo < len(texts):
+            continue
         texts += lm.generate_ensemble(prompts[lo:lo + batch], log_w[lo:lo + batch],
                                       max_new_tokens=max_new_tokens,
                                       sampling_temperature=0.0).texts
+        write_json_atomic({"key": key, "texts": texts}, saved)
     return [first_line(t) for t in texts]
 
 
@@ -234,7 +241,8 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
                                       passages=[res.passages[i] for i in g])
             out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
                 lm, [examples["test"][i] for i in g], sub, by_id, out["tau"][name], cfg.k,
-                cfg.max_new_tokens, progress=progress)
+                cfg.max_new_tokens, work / f"answers_{slug(name).replace(' ', '_')}.json",
+                progress=progress)
     out["alone"] = np.array([r.total for r in lm.score_continuations(
         [e.context for e in examples["test"]], [e.continuation for e in examples["test"]])],
         np.float64)
