@@ -50,7 +50,7 @@ def release(retriever, params, cfg, chosen: str, rows: dict, payload: dict) -> p
                                     list(cfg.tau_grid)}}
     card = "\n".join([
         "# REPLUG LSR retriever: all-MiniLM-L6-v2, query tower trained on SQuAD v1.1", "",
-        f"Better than its base: gold-answer log-likelihood (higher is better) "
+        "Better than its base: gold-answer log-likelihood (higher is better) "
         f"{format_interval(r['vs_base'], 3)} nats per question vs the base retriever "
         "(95 % CI over test articles no retriever trained on).", "",
         f"Trained by REPLUG LSR from `{cfg.lm}`'s answer likelihoods ({chosen}), query tower "
