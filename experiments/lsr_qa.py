@@ -117,7 +117,7 @@ def end_to_end(res, logprobs: dict, length_E: np.ndarray, tau, k: int) -> np.nda
     return lm_datastore.window_logliks(scored, tau=tau)
 
 
-def generate_answers(lm, examples, res, by_id, tau, k, max_new_tokens, saved: pathlib.Path,
+def generate_answers(lm, examples, res, tau, k, max_new_tokens, saved: pathlib.Path,
                      batch: int = 8, progress: bool = True) -> list[str]:
     """Greedy REPLUG answers (coordinated decoding over the top-``k`` branches, §3.2),
     ``batch`` questions per call (all 300 at once, 1,200 branches, ran out of 24 GB), each
@@ -240,7 +240,7 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
             sub = dataclasses.replace(res, ids=res.ids[g], scores=res.scores[g],
                                       passages=[res.passages[i] for i in g])
             out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
-                lm, [examples["test"][i] for i in g], sub, by_id, out["tau"][name], cfg.k,
+                lm, [examples["test"][i] for i in g], sub, out["tau"][name], cfg.k,
                 cfg.max_new_tokens, work / f"answers_{slug(name).replace(' ', '_')}.json",
                 progress=progress)
     out["alone"] = np.array([r.total for r in lm.score_continuations(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import pathlib
 import time
@@ -45,8 +46,10 @@ def map_count_and_limit() -> tuple[int, int] | None:
         return None
 
 
+@functools.cache
 def _malloc_trim():
-    """glibc's ``malloc_trim``, or None where the C library has none."""
+    """glibc's ``malloc_trim``, or None where the C library has none (looked up once:
+    ``find_library`` runs helper programs)."""
     name = ctypes.util.find_library("c")
     try:
         return ctypes.CDLL(name).malloc_trim if name else None
@@ -59,8 +62,7 @@ def trim_heap(every_s: float = 30.0) -> bool:
     last did so under ``every_s`` seconds ago; True when it did."""
     global _last_trim
     now = time.monotonic()
-    trim = _malloc_trim()
-    if trim is None or now - _last_trim < every_s:
+    if now - _last_trim < every_s or (trim := _malloc_trim()) is None:
         return False
     _last_trim = now
     trim(0)
