@@ -256,6 +256,34 @@ def test_batched_generation_cuts_each_row_at_its_stop_string():
     assert alone.texts == got.texts[:1] and alone.token_ids[0] == got.token_ids[0]
 
 
+def test_generation_over_many_groups_goes_in_bounded_batches():
+    """Regression: ``generate_ensemble`` prefilled and cached every group's K branches at once
+    (300 questions × 4 documents were killed for memory at 16.7 GiB). Now whole groups go
+    ``decode_tokens_per_batch`` cache slots at a time: with room for one group per batch the
+    greedy answers, their tokens and log-probs are those of one batch of all, in order."""
+    from tests._models import tiny_lm
+
+    lm = tiny_lm(0)
+    prompts = [[f"Question {i}: who wrote Hamlet?", f"Paris is the capital of {i}"]
+               for i in range(5)]
+    log_w = np.log(np.array([[0.7, 0.3], [0.5, 0.5], [0.2, 0.8], [0.9, 0.1], [0.4, 0.6]]))
+    lm.decode_tokens_per_batch = 1 << 20
+    whole = lm.generate_ensemble(prompts, log_w, max_new_tokens=12)
+    calls = []
+    run_groups = lm._generate_groups
+    lm._generate_groups = lambda flat, *a: calls.append(len(flat)) or run_groups(flat, *a)
+    longest = max(len(lm.bos + lm.encode(p)) for group in prompts for p in group)
+    lm.decode_tokens_per_batch = 2 * (lm._bucket(longest) + 12)  # one group of 2 branches
+    parts = lm.generate_ensemble(prompts, log_w, max_new_tokens=12)
+    assert calls == [2] * 5
+    assert parts.token_ids == whole.token_ids and parts.texts == whole.texts
+    assert parts.stopped_by == whole.stopped_by
+    for a, b in zip(parts.branch_logprobs, whole.branch_logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(parts.mixture_logprobs, whole.mixture_logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_generation_length_is_checked_per_prompt_not_per_bucket():
     """Regression: the bucketed prompt length plus whole decode chunks was checked against
     the model's positions, so a prompt that fits (with its new tokens) failed next to a

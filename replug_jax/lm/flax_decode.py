@@ -18,6 +18,7 @@ from flax import nnx
 
 from replug_jax.core.ensemble import mixture_logprobs
 from replug_jax.core.sampling import choose_token
+from replug_jax.lm.batching import rows_for
 from replug_jax.lm.scorer import stop_position
 from replug_jax.timing import Timer
 
@@ -103,7 +104,9 @@ class EnsembleDecoding:
 
         At each step the next token is chosen from ``Σ_k λ_k p(·|d_k ∘ x, y_<t)`` (greedy when
         ``sampling_temperature == 0``, else temperature / nucleus sampling) and appended to all
-        K branches of its group. ``log_weights`` is ``[G, K]``.
+        K branches of its group. ``log_weights`` is ``[G, K]``. Groups decode in batches of at
+        most ``decode_tokens_per_batch`` cache slots (prompt bucket + new tokens per branch);
+        each batch samples from its own stream of ``seed``.
         """
         g, k = np.asarray(log_weights).shape
         if any(len(p) != k for p in prompts) or len(prompts) != g:
@@ -115,8 +118,26 @@ class EnsembleDecoding:
                 raise ValueError(f"prompt {i // k} (branch {i % k}: {len(seq)} tokens) plus "
                                  f"{max_new_tokens} new tokens exceeds the model's {limit} "
                                  "positions")
+        # Whole groups at a time, as many as `decode_tokens_per_batch` cache slots hold (at
+        # least one group): the prefill and the cache of every branch at once is what bounds
+        # the memory of a call over many prompts.
+        slots = self._bucket(max(map(len, flat))) + max_new_tokens
+        per = max(1, rows_for(slots, self.decode_tokens_per_batch, self.batch_size) // k)
+        log_weights = np.asarray(log_weights, np.float32)
+        parts = [self._generate_groups(flat[lo * k:(lo + per) * k], log_weights[lo:lo + per],
+                                       k, max_new_tokens, sampling_temperature, top_p, stop,
+                                       jax.random.fold_in(jax.random.PRNGKey(seed), lo))
+                 for lo in range(0, g, per)]
+        return EnsembleGeneration(*(sum((getattr(p, f.name) for p in parts), [])
+                                    for f in dataclasses.fields(EnsembleGeneration)))
+
+    def _generate_groups(self, flat, log_weights, k, max_new_tokens, sampling_temperature,
+                         top_p, stop, rng) -> EnsembleGeneration:
+        """:meth:`generate_ensemble` for one batch of groups: ``flat`` holds their ``G·K``
+        token-id prompts, ``log_weights`` is ``[G, K]``."""
+        g = len(log_weights)
         # On a mesh the G·K rows split over the batch axes: copies of group 0 fill them out.
-        g_asked, log_weights = g, np.asarray(log_weights, np.float32)
+        g_asked = g
         while (g * k) % self.place.row_multiple:
             flat, g = flat + flat[:k], g + 1
         log_weights = np.concatenate([log_weights, np.repeat(log_weights[:1], g - g_asked, 0)])
@@ -138,8 +159,7 @@ class EnsembleDecoding:
             cache = self.place.new_cache(self.lm.config, b, total)
             logp, cache = self._prefill(self.state, self.place.rows(tokens),
                                         self.place.rows(positions), cache)
-            carry = (cache, logp, self.place.rows(pos_B), jnp.zeros(g, bool),
-                     jax.random.PRNGKey(seed))
+            carry = (cache, logp, self.place.rows(pos_B), jnp.zeros(g, bool), rng)
             toks, mix_lps, branch_lps = [], [], []
             for c in range(n_chunks):
                 cache, logp, pos, done, rng = carry

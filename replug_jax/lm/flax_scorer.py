@@ -93,14 +93,16 @@ class FlaxLM(EnsembleDecoding):
                  batch_size: int | None = None, tokens_per_batch: int = 4096,
                  kv_reuse: bool = True, min_shared_tokens: int = 32,
                  reuse_bytes: int | None = None, prefix_cache_bytes: int | None = None,
-                 chunk: int = 16, mesh=None):
+                 chunk: int = 16, decode_tokens_per_batch: int | None = None, mesh=None):
         """``batch_size``: the most rows of a batch (default: as many as ``tokens_per_batch``
         tokens allow); ``kv_reuse``: compute a prefix shared by ``min_shared_tokens`` or more
         tokens of several scored sequences once; ``reuse_bytes``: the device memory for the
         shared prefixes' keys and values in use at once (default 1 GiB on a CPU, 8 GiB on an
         accelerator); ``prefix_cache_bytes``: the most kept across calls (default half of
-        ``reuse_bytes``; 0 keeps none); ``mesh``: a device mesh to shard the LM over (its
-        parameters are moved there if they are not yet)."""
+        ``reuse_bytes``; 0 keeps none); ``decode_tokens_per_batch``: the KV-cache slots (rows
+        × (prompt bucket + new tokens)) one generation batch holds (default 8 ×
+        ``tokens_per_batch``; whole groups of K branches, at least one); ``mesh``: a device
+        mesh to shard the LM over (its parameters are moved there if they are not yet)."""
         self.lm = lm
         self.place = Placement(mesh, lm.model.dtype)
         self.name = lm.source or "flax-lm"
@@ -115,6 +117,7 @@ class FlaxLM(EnsembleDecoding):
         self.prefix_cache = PrefixKV(cache_bytes) if cache_bytes > 0 else None
         self.stats = ScoringStats()
         self.chunk = chunk
+        self.decode_tokens_per_batch = decode_tokens_per_batch or 8 * tokens_per_batch
         self.cost = CostMeter()
         self.buckets = bucket_lengths(self.max_context)
         cfg = lm.config
