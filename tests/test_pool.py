@@ -71,6 +71,10 @@ def test_pool_scores_equal_the_lm_and_resume_after_a_kill(tiny, tmp_path, monkey
     again, _ = _pool(tiny, tmp_path / "pool")
     assert calls == [5]  # examples 2 and 3: 3 + 2 candidates
     np.testing.assert_array_equal(again.branches.logprobs_NKT, pool.branches.logprobs_NKT)
+    # the rate covers every part, each keeping its scoring time (a resume still states it)
+    pairs = int((pool.doc_ids_EM >= 0).sum())
+    assert pool.provenance["pairs_timed"] == again.provenance["pairs_timed"] == pairs
+    assert again.provenance["pairs_per_second"] > 0
     loaded = ScoredPool.load(tmp_path / "pool", expect={"test": 1})
     np.testing.assert_array_equal(loaded.doc_ids_EM, pool.doc_ids_EM)
     with pytest.raises(ValueError, match="test=1"):

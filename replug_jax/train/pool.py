@@ -136,7 +136,8 @@ def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages
     Pairs are scored ``part_size`` examples at a time (``scorer`` buckets them by length) and
     each part is written as its own file in ``directory``, so a killed build resumes at the
     first missing part; a folder holding parts of another build (``provenance`` or the
-    candidates differ) is refused. The provenance returned adds the pairs/s measured.
+    candidates differ) is refused. The provenance returned adds the pairs/s measured, from
+    the scoring time each part keeps (so a resumed or reloaded build still states it).
     """
     from tqdm.auto import tqdm
 
@@ -177,10 +178,8 @@ def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages
         for (i, j), r in zip(pairs, results):
             lp[i - lo, j, :len(r.logprobs)] = r.logprobs
             n_tok[i - lo] = len(r.logprobs)
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            np.savez(f, logprobs=lp, tokens=n_tok)
-        seconds += time.perf_counter() - t0
-        scored += len(pairs)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:  # its time: the rate survives
+            np.savez(f, logprobs=lp, tokens=n_tok, seconds=time.perf_counter() - t0)
         bar.update(len(pairs))
     bar.close()
     t_max = 0
@@ -189,12 +188,15 @@ def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages
         with np.load(d / f"part-{lo // part_size:05d}.npz", allow_pickle=False) as z:
             loaded.append((z["logprobs"], z["tokens"]))
             t_max = max(t_max, z["logprobs"].shape[-1])
+            if "seconds" in z.files:  # parts written before the time was kept have none
+                seconds += float(z["seconds"])
+                scored += int((candidates_EM[lo:lo + part_size] >= 0).sum())
     lp_EMT = np.concatenate([np.pad(a, ((0, 0), (0, 0), (0, t_max - a.shape[-1])))
                              for a, _ in loaded])
     n_tok_E = np.concatenate([b for _, b in loaded])
     measured = {"pairs": int((candidates_EM >= 0).sum())}
     if scored:
-        measured.update(pairs_scored_now=scored, pairs_per_second=round(scored / seconds, 3))
+        measured.update(pairs_timed=scored, pairs_per_second=round(scored / seconds, 3))
     return lp_EMT, n_tok_E, {**provenance, **measured}
 
 
