@@ -19,7 +19,12 @@ datastore in :mod:`experiments.lsr_qa_data`).
    endpoint, recall@k and EM/F1 are compared with the base over all folds' test questions,
    intervals bootstrapped over articles (NQ: questions).
 
-Usage: ``python -m experiments.lsr_qa [--config default|nq|tiny] [--set key=value ...]``.
+``--config confirm`` is the registered confirmatory test of the variant ``default``'s results
+pointed to, on questions of SQuAD train articles no split held (reusing ``default``'s pools
+and trained variant). ``python -m experiments.lsr_qa_report --config NAME`` rewrites a
+finished run's report from its JSON.
+
+Usage: ``python -m experiments.lsr_qa [--config default|confirm|nq|tiny] [--set key=value]``.
 """
 
 from __future__ import annotations
@@ -154,17 +159,19 @@ def score_pools(study, examples, lm, retriever, cfg, work, progress):
     """Each pool set's pools (its questions' top-``pool_size`` by the base retriever, scored
     once by the LM), the base retrieval and the passages by id."""
     by_id, pools, base_res = {}, {}, {}
+    roles = [(n, s == "test") for f in study.folds for s, (n, _) in f.items()]
+    test_only = {n for n, t in roles if t} - {n for n, t in roles if not t}
     for name, qs in study.pool_sets.items():
+        m = (cfg.test_pool_size or cfg.pool_size) if name in test_only else cfg.pool_size
         res = retrieve(study.store, retriever, None, qs, max(cfg.pool_size, *cfg.recall_ks))
         base_res[name] = res
         by_id.update({p.id: p for ps in res.passages for p in ps})
         pools[name] = build_pool(
-            examples[name], res.ids[:, :cfg.pool_size], res.scores[:, :cfg.pool_size], by_id,
+            examples[name], res.ids[:, :m], res.scores[:, :m], by_id,
             lm, work / f"pool_{name}", {"lm": lm.name, "retriever": retriever.identity,
                                         "split": name, "examples": [e.id for e in examples[name]],
                                         "distractors": cfg.distractors,
-                                        "datastore": len(study.store),
-                                        "pool_size": cfg.pool_size},
+                                        "datastore": len(study.store), "pool_size": m},
             part_size=cfg.part_size, progress=progress)
     return pools, base_res, by_id
 
@@ -205,7 +212,8 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
     out = {"questions": {s: study.questions(f, s) for s in split},
            "base_ll": {s: pool_logliks(pools[s], base_scores[s], cfg.k) for s in base_scores},
            "oracle": {s: oracle_logliks(pools[s], cfg.k) for s in base_scores},
-           "tau": {}, "dev_ll": {}, "ll": {}, "hits": {}, "answers": {}}
+           "tau": {}, "dev_ll": {}, "ll": {}, "hits": {}, "answers": {},
+           "test_pool_size": pools["test"].doc_ids_EM.shape[1]}
     (work / "runs").mkdir(parents=True, exist_ok=True)
     runs = train_variants(cfg, retriever, pools, examples, by_id, frozen, work / "runs",
                           progress)
@@ -241,7 +249,9 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
                                       passages=[res.passages[i] for i in g])
             out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
                 lm, [examples["test"][i] for i in g], sub, out["tau"][name], cfg.k,
-                cfg.max_new_tokens, work / f"answers_{slug(name).replace(' ', '_')}.json",
+                cfg.max_new_tokens, work / ("answers_" + (
+                    "" if split["test"][0] == "test" else f"{split['test'][0]}_")
+                    + f"{slug(name).replace(' ', '_')}.json"),
                 progress=progress)
     out["alone"] = np.array([r.total for r in lm.score_continuations(
         [e.context for e in examples["test"]], [e.continuation for e in examples["test"]])],
@@ -251,13 +261,14 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
 
 def main(argv=None):
     args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
-    if cfg.k > cfg.pool_size:
-        raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} candidates")
+    if cfg.k > min(cfg.pool_size, cfg.test_pool_size or cfg.pool_size):
+        raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} (test "
+                         f"{cfg.test_pool_size or cfg.pool_size}) candidates")
     if cfg.towers != "query":
         raise ValueError("lsr_qa trains the query tower only (towers=query): a shared encoder "
                          "would re-embed the whole datastore for every variant's test")
     progress = not args.no_progress
-    work = pathlib.Path(cfg.workdir) / args.config
+    work = pathlib.Path(cfg.workdir) / (cfg.work or args.config)
     work.mkdir(parents=True, exist_ok=True)
     with Timer() as sw:
         lm = load_lm(cfg.lm, cfg.lm_max_context)
@@ -316,7 +327,8 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
     passes = primary["low"] > 0
     dev_art = [q.article for f in folds for q in f["questions"]["dev"]]
     headroom = {"dev": compare(cat("oracle", "dev"), cat("base_ll", "dev"), dev_art, cfg),
-                "test": compare(cat("oracle", "test"), cat("base_ll", "test"), art, cfg)}
+                "test": compare(cat("oracle", "test"), cat("base_ll", "test"), art, cfg)
+                if all(f["test_pool_size"] > cfg.k for f in folds) else None}  # else: no room
     qa, offset, gen = {}, 0, []
     for f in folds:
         gen += (offset + f["gen_rows"]).tolist()

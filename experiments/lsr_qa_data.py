@@ -2,7 +2,9 @@
 
 * ``dataset="squad"``: one fold. Train = questions of SQuAD train articles (``train_articles``
   of them), dev = questions of ``dev_articles`` other train articles (early stopping, τ),
-  test = questions of the SQuAD dev articles available here, which no retriever trains on.
+  test = questions of the SQuAD dev articles available here, which no retriever trains on
+  (``test_source="unused_train"``: of ``test_articles`` train articles that neither the train
+  nor the dev split holds; pool set "fresh_test").
   Datastore: every SQuAD paragraph (train and dev half) plus the distractors.
 * ``dataset="nq"``: ``folds`` folds by question over the 624 NQ questions with gold passages.
   In fold f the test is the f-th part; ``max_dev`` of the others (seeded) are its dev and the
@@ -86,12 +88,24 @@ def _squad(cfg, retriever, work, distractors, progress) -> Study:
     squad_index = cached_index(train_paras + test_paras, retriever, work / "squad_index",
                                progress)
     train_qs, dev_qs = squad.split_articles(train_qs, cfg.dev_articles, cfg.seed)
+    unused: list = []
     if 0 < cfg.train_articles < len({q.article for q in train_qs}):  # seeded, whole articles
-        train_qs = squad.split_articles(train_qs, cfg.train_articles, cfg.seed + 1)[1]
+        unused, train_qs = squad.split_articles(train_qs, cfg.train_articles, cfg.seed + 1)
+    test_set = "test"
+    if cfg.test_source == "unused_train":  # train articles no split holds: fresh for everyone
+        if not unused or cfg.test_articles <= 0:
+            raise ValueError("test_source='unused_train' needs train_articles > 0 (articles "
+                             "left unused) and test_articles > 0")
+        test_qs = (unused if cfg.test_articles >= len({q.article for q in unused}) else
+                   squad.split_articles(unused, cfg.test_articles, cfg.seed + 2)[1])
+        test_set = "fresh_test"
+    elif cfg.test_source != "dev":
+        raise ValueError(f"test_source must be dev or unused_train, got {cfg.test_source!r}")
     sets = {"train": squad.sample_questions(train_qs, cfg.max_train, cfg.seed),
             "dev": squad.sample_questions(dev_qs, cfg.max_dev, cfg.seed),
-            "test": squad.sample_questions(test_qs, cfg.max_test, cfg.seed)}
-    fold = {s: (s, np.arange(len(sets[s]))) for s in SPLITS}
+            test_set: squad.sample_questions(test_qs, cfg.max_test, cfg.seed)}
+    names = {"train": "train", "dev": "dev", "test": test_set}
+    fold = {s: (names[s], np.arange(len(sets[names[s]]))) for s in SPLITS}
     return Study(squad.MergedDatastore(squad_index, distractors), sets, [fold])
 
 

@@ -56,8 +56,10 @@ def release(retriever, params, cfg, chosen: str, rows: dict, payload: dict) -> p
         f"Trained by REPLUG LSR from `{cfg.lm}`'s answer likelihoods ({chosen}), query tower "
         "only; the passage encoder is the base (`passage_encoder/`), so an index built with "
         f"`{cfg.retriever}` serves it. Inference τ = {r['tau']:g}, fitted on dev.", "",
-        f"On {p['questions']['test']} questions of {p['articles']['test']} SQuAD dev articles "
-        "no retriever trained on (datastore: every SQuAD paragraph plus "
+        f"On {p['questions']['test']} questions of {p['articles']['test']} SQuAD "
+        + ("dev articles" if cfg.test_source == "dev" else "train articles that neither its "
+           "training nor its dev questions came from")
+        + " (no retriever trained on them; datastore: every SQuAD paragraph plus "
         f"{p['datastore_passages']:,} passages in all), REPLUG k = {cfg.k}:", "",
         f"- gold-answer log-likelihood per question: {r['test_loglik']:.3f}, "
         f"{format_interval(r['vs_base'], 3)} vs the base retriever (95 % CI over articles)",
@@ -141,12 +143,14 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
            else "") + f"). Release rule: {p['release_rule']}.\n\n"
         + post_hoc(rows, chosen) +
         f"{split}; datastore {p['datastore_passages']:,} passages; pools of "
-        f"{cfg.pool_size} per question, {p['lm_pairs_scored']:,} LM pairs scored "
-        f"({rate}); k = {cfg.k}; "
+        f"{cfg.pool_size} per question" + (f" ({cfg.test_pool_size} on test)" if
+                                            cfg.test_pool_size else "")
+        + f", {p['lm_pairs_scored']:,} LM pairs scored ({rate}); k = {cfg.k}; "
         f"towers: {cfg.towers}. LM alone (closed book): {p['lm_alone_test_loglik']:.3f} nats "
         f"per question.\n\nBefore training (no LM cost): the oracle (the LM's own top-{cfg.k} "
         f"of each pool) vs the base: dev {format_interval(h['dev'], 3)}, test "
-        f"{format_interval(h['test'], 3)} nats per question."
+        + (f"{format_interval(h['test'], 3)} nats per question." if h["test"] else
+           "— (its pool holds only the base's top-k).")
         + f"\n\nLSR steps (best on dev / run, batch {cfg.batch_size}; step 0 = the base "
         "retriever kept): " + "; ".join(f"{n} {r['best_step']}/{r['steps_run']}"
                                         for n, r in p["runs"].items()) + "."

@@ -294,6 +294,36 @@ def test_lsr_qa_tiny(data, tmp_path):
     assert again["per_example"] == res["per_example"]
 
 
+def test_lsr_qa_confirmatory_test_on_fresh_articles_reuses_the_trained_study(data, tmp_path):
+    """The confirmatory design: a config sharing another run's work folder reads back its
+    train and dev pools and trained variant (nothing rescored or retrained) and tests on
+    questions of train articles that neither split holds, from a test pool of the base's
+    top-k (no test oracle then)."""
+    from experiments import lsr_qa
+    from experiments.configs.lsr_qa import CONFIGS
+    from experiments.lsr_qa_data import open_study
+    from replug_jax.retrieval.encoder import Retriever
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = ["--out", str(out), "--no-progress", "--set", f"workdir={work}"]
+    lsr_qa.main(["--config", "tiny", *common, "train_articles=1"])
+    kept = {p: p.stat().st_mtime_ns for p in (work / "tiny").rglob("*")  # scores, weights
+            if p.parent.name in ("pool_train", "pool_dev", "runs") and p.suffix == ".npz"
+            and p.name != "branches.npz"}
+    assert any(p.suffix == ".npz" and p.parent.name == "runs" for p in kept)
+    lsr_qa.main(["--config", "tiny_confirm", *common])
+    assert [p.name for p, t in kept.items() if p.stat().st_mtime_ns != t] == []
+    res = json.loads((out / "lsr_qa" / "tiny_confirm.json").read_text())
+    assert res["chosen"] == "kl_retriever_to_lm/γ=0.1/β=0.1" and res["questions"]["test"] == 3
+    assert res["oracle_vs_base"]["test"] is None and res["qa"] == {}
+    cfg = dataclasses.replace(CONFIGS["tiny_confirm"], workdir=str(work))
+    study = open_study(cfg, Retriever.load("minilm"), None, work / "tiny", False)
+    arts = {s: {q.article for q in study.questions(0, s)} for s in ("train", "dev", "test")}
+    assert arts["test"] and not arts["test"] & (arts["train"] | arts["dev"])
+    assert set(study.pool_sets) == {"train", "dev", "fresh_test"}
+    assert np.load(work / "tiny" / "pool_fresh_test" / "candidates.npy").shape == (3, 2)
+
+
 def test_lsr_qa_nq_folds_test_every_question_once_by_retrievers_never_trained_on_it(
         data, tmp_path):
     """NQ cross-fitted in 2 folds by question: in each fold train, dev and test are disjoint;
