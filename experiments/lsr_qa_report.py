@@ -175,7 +175,6 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
     save_figure(fig, out / f"{args.config}.png")
 
 
-
 def main(argv=None):
     """Rewrite a finished run's README, table and plot from its JSON (no LM, no retrieval):
     ``python -m experiments.lsr_qa_report [--config default|nq] [--out RESULTS]``."""
