@@ -38,7 +38,13 @@ from replug_jax.core.ensemble import mixture_logprobs, retrieval_log_weights
 from replug_jax.eval.perplexity import WindowSettings, sliding_windows, split_wikitext
 from replug_jax.fileio import write_text_atomic
 from replug_jax.replug import Replug
-from replug_jax.retrieval.corpus import Document, chunk_documents, leakage_exclusions
+from replug_jax.retrieval.build import build_index
+from replug_jax.retrieval.corpus import (
+    Document,
+    chunk_documents,
+    corpus_checksum,
+    leakage_exclusions,
+)
 from replug_jax.retrieval.index import Index, index_in_memory
 
 SOURCES = ("none", "replug", "random", "concat", "control_replug", "control_random")
@@ -129,6 +135,16 @@ def enwiki_passages(articles: int) -> list:
     """The first ``articles`` articles of the enwiki sample in 100-word passages with titles
     (what ``replug index build --chunk-unit words --chunk-size 100`` makes of the whole)."""
     return chunk_documents(_enwiki_documents(articles), size=100, unit="words")
+
+
+def cached_index(passages, retriever, path: pathlib.Path, progress: bool) -> Index:
+    """The exact index of ``passages`` at ``path``: loaded if an earlier run built it with
+    this retriever from the same passages, else built (resumably)."""
+    try:
+        return Index.load(path, expect_encoder=retriever.identity,
+                          expect_corpus_checksum=corpus_checksum(passages))
+    except (ValueError, FileNotFoundError):
+        return build_index(passages, retriever, path, progress=progress)
 
 
 def open_datastore(spec: str, retriever, lm, passage_tokens: int, control_documents: int = 0):

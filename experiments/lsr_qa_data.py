@@ -25,9 +25,6 @@ import numpy as np
 
 from experiments import lm_datastore, squad
 from replug_jax.prompts import qa_prompt
-from replug_jax.retrieval.build import build_index
-from replug_jax.retrieval.corpus import corpus_checksum
-from replug_jax.retrieval.index import Index
 from replug_jax.train.data import Example
 
 SPLITS = ("train", "dev", "test")
@@ -51,16 +48,6 @@ def examples_of(questions) -> list[Example]:
                     q.paragraph) for q in questions]
 
 
-def cached_index(passages, retriever, path: pathlib.Path, progress: bool) -> Index:
-    """The exact index of ``passages`` at ``path``: loaded if an earlier run built it with
-    this retriever from the same passages, else built (resumably)."""
-    try:
-        return Index.load(path, expect_encoder=retriever.identity,
-                          expect_corpus_checksum=corpus_checksum(passages))
-    except (ValueError, FileNotFoundError):
-        return build_index(passages, retriever, path, progress=progress)
-
-
 def distractor_index(cfg, retriever, lm, progress: bool):
     """The distractors: ``enwiki:N`` (the first N enwiki articles in 100-word passages,
     indexed once under the work root, shared by every config), an index folder, or None."""
@@ -69,7 +56,8 @@ def distractor_index(cfg, retriever, lm, progress: bool):
     if cfg.distractors.startswith("enwiki:"):
         passages = lm_datastore.enwiki_passages(int(cfg.distractors.split(":", 1)[1]))
         folder = "index_" + cfg.distractors.replace(":", "")
-        return cached_index(passages, retriever, pathlib.Path(cfg.workdir) / folder, progress)
+        return lm_datastore.cached_index(passages, retriever,
+                                         pathlib.Path(cfg.workdir) / folder, progress)
     return lm_datastore.open_datastore(cfg.distractors, retriever, lm, 128)[0]
 
 
@@ -85,8 +73,8 @@ def open_study(cfg, retriever, lm, work: pathlib.Path, progress: bool) -> Study:
 def _squad(cfg, retriever, work, distractors, progress) -> Study:
     train_paras, train_qs = squad.load_squad("train-v1.1.json")
     test_paras, test_qs = squad.load_squad("dev-v1.1.half_a.json", first_id=len(train_paras))
-    squad_index = cached_index(train_paras + test_paras, retriever, work / "squad_index",
-                               progress)
+    squad_index = lm_datastore.cached_index(train_paras + test_paras, retriever,
+                                            work / "squad_index", progress)
     train_qs, dev_qs = squad.split_articles(train_qs, cfg.dev_articles, cfg.seed)
     unused: list = []
     if 0 < cfg.train_articles < len({q.article for q in train_qs}):  # seeded, whole articles
@@ -120,7 +108,7 @@ def _nq(cfg, retriever, work, distractors, progress) -> Study:
                                     [:cfg.max_test])]
     if cfg.folds < 2 or cfg.folds > len(qs):
         raise ValueError(f"folds={cfg.folds}: needs 2..{len(qs)} for {len(qs)} questions")
-    gold_index = cached_index(passages, retriever, work / "nq_index", progress)
+    gold_index = lm_datastore.cached_index(passages, retriever, work / "nq_index", progress)
     order = np.random.default_rng(cfg.seed).permutation(len(qs))
     folds = []
     for part in np.array_split(order, cfg.folds):

@@ -28,6 +28,7 @@ import pathlib
 
 import numpy as np
 
+from experiments import lm_datastore
 from experiments.common import (
     load_lm,
     new_figure,
@@ -102,7 +103,13 @@ def main(argv=None):
             if cfg.towers != "query":
                 raise ValueError("index= needs towers=query: a shared encoder would re-embed "
                                  "the whole index")
-            base_index = Index.load(cfg.index, expect_encoder=retriever.identity)
+            if cfg.index.startswith("enwiki:"):  # the first N enwiki articles, indexed once
+                n = int(cfg.index.split(":", 1)[1])
+                base_index = lm_datastore.cached_index(
+                    lm_datastore.enwiki_passages(n), retriever,
+                    pathlib.Path(cfg.workdir) / f"index_enwiki{n}", progress)
+            else:
+                base_index = Index.load(cfg.index, expect_encoder=retriever.identity)
             passages = base_index.passages
             by_id = {}  # the passages the pools and the end-to-end test retrieve
         else:
