@@ -15,7 +15,8 @@ compared on the same LM scores, and the chosen retriever evaluated end to end.
 4. The release rule: the chosen retriever is written to ``release`` (float16 safetensors and a
    model card) only if its interval vs the base excludes zero in its favour.
 
-Usage: ``python -m experiments.lsr_study [--config default|tiny] [--set key=value ...]``.
+Usage: ``python -m experiments.lsr_study [--config default|full|enwiki|enwiki1k|tiny]
+[--set key=value ...]``.
 """
 
 from __future__ import annotations

@@ -18,8 +18,10 @@ class StudyConfig:
     dev_data: str = "experiments/data/wikitext/dev.jsonl"
     test_data: str = "experiments/data/wikitext/test.jsonl"
     corpus: str = "experiments/data/wikitext/corpus.jsonl"
-    # or a datastore built by `replug index build` (corpus unused; needs towers="query": the
-    # documents keep the index's base embeddings and only the query tower learns)
+    # or a datastore built by `replug index build`, or "enwiki:N" (the first N enwiki-sample
+    # articles in 100-word passages, indexed once under workdir) (corpus unused; needs
+    # towers="query": the documents keep the index's base embeddings, only the query tower
+    # learns)
     index: str = ""
     towers: str = "shared"  # shared: one encoder for queries and documents | query
     passage_tokens: int = 128  # §5.2: 128-token documents
