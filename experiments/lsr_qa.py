@@ -125,8 +125,8 @@ def end_to_end(res, logprobs: dict, length_E: np.ndarray, tau, k: int) -> np.nda
 def generate_answers(lm, examples, res, tau, k, max_new_tokens, saved: pathlib.Path,
                      batch: int = 8, progress: bool = True) -> list[str]:
     """Greedy REPLUG answers (coordinated decoding over the top-``k`` branches, §3.2),
-    ``batch`` questions per call (all 300 at once, 1,200 branches, ran out of 24 GB), each
-    batch's answers kept in ``saved`` so a killed run resumes where it stopped."""
+    ``batch`` questions per call, each batch's answers kept in ``saved`` so a killed run
+    resumes where it stopped (``generate_ensemble`` bounds its own memory)."""
     from tqdm.auto import tqdm
 
     prompts = [branch_prompts([e] * len(ps[:k]), ps[:k], lm)
@@ -223,6 +223,7 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
     out["gen_rows"] = np.unique(np.linspace(0, len(test_qs) - 1, n_gen).round().astype(int))
     gold = np.array([q.paragraph for q in test_qs])
     base_test = base_all[split["test"][0]]
+    tag = "" if split["test"][0] == "test" else f"{split['test'][0]}_"  # answers file names
     results = {}
     for name, params in {BASE: None, **{n: r["params"] for n, r in runs.items()}}.items():
         dev_s = (base_scores["dev"] if params is None else
@@ -249,9 +250,7 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
                                       passages=[res.passages[i] for i in g])
             out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
                 lm, [examples["test"][i] for i in g], sub, out["tau"][name], cfg.k,
-                cfg.max_new_tokens, work / ("answers_" + (
-                    "" if split["test"][0] == "test" else f"{split['test'][0]}_")
-                    + f"{slug(name).replace(' ', '_')}.json"),
+                cfg.max_new_tokens, work / f"answers_{tag}{slug(name).replace(' ', '_')}.json",
                 progress=progress)
     out["alone"] = np.array([r.total for r in lm.score_continuations(
         [e.context for e in examples["test"]], [e.continuation for e in examples["test"]])],
