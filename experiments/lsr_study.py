@@ -8,8 +8,9 @@ compared on the same LM scores, and the chosen retriever evaluated end to end.
    (γ, β) of the grid: LSR on the train pool for up to ``steps`` steps with a dev curve and
    early stopping (:func:`replug_jax.train.pool.train_on_pool`); dev and test bits per byte of
    REPLUG within the pools, each vs the base retriever with a paired bootstrap interval.
-3. The variant with the best dev value re-embeds the whole datastore and retrieves its top-k
-   for every test example from the index (not the pool); those branches are scored and REPLUG's
+3. The variant with the best dev value re-embeds the whole datastore (with ``towers="query"``
+   the passages keep their base embeddings) and retrieves its top-k for every test example
+   from the index (not the pool); those branches are scored and REPLUG's
    test bits per byte compared with the base retriever's (paired interval), with the smallest
    effect the test set could detect (80 % power at the 5 % level).
 4. The release rule: the chosen retriever is written to ``release`` (float16 safetensors and a
@@ -61,12 +62,27 @@ from replug_jax.train.refresh import unflatten_params
 DIFFERENCES = (
     "The paper trains Contriever from GPT-3 Curie on 800K Pile sequences (x, y = 128 tokens; "
     "k = 20 from the whole index, refreshed every 3K of 25K steps, batch 64). Here "
-    "all-MiniLM-L6-v2 learns from SmolLM2-135M on WikiText-2 training articles with x, y = 64 "
-    "tokens; retrieval during training is the top-k within each example's pre-scored pool of "
-    "the base retriever's top-M (the pool stands in for the index; the current query "
-    "embedding re-ranks it at every step), only the query tower is trained between refreshes "
-    "(documents from the last refresh, as the paper's stale index), and the final comparison "
-    "retrieves from the whole re-embedded datastore.")
+    "all-MiniLM-L6-v2 learns from SmolLM2-135M at the scale 2 CPU cores allow (each "
+    "section's config is in its JSON); retrieval during training is the top-k within each "
+    "example's pre-scored pool of the base retriever's top-M (the pool stands in for the "
+    "index; the current query embedding re-ranks it at every step), only the query tower is "
+    "trained between refreshes (documents from the last refresh, as the paper's stale index), "
+    "and the final comparison retrieves from the whole datastore.")
+
+
+def setting(cfg) -> tuple[str, str]:
+    """``(windows, datastore)``: what the config's windows and datastore are, in words (the
+    notes state them: the default's WikiText-2 and the enwiki configs differ)."""
+    if cfg.index:
+        n = cfg.index.split(":", 1)[1] if cfg.index.startswith("enwiki:") else None
+        store = (f"the first {n} enwiki-sample articles in 100-word passages"
+                 if n else f"the index `{cfg.index}`")
+        store += ", embedded once by the base retriever (only the query tower learns)"
+    else:
+        store = f"`{cfg.corpus}` in {cfg.passage_tokens}-token passages, re-embedded"
+    windows = (f"(x, y = {cfg.context_tokens} tokens) of `{cfg.train_data}`, "
+               f"`{cfg.dev_data}` and `{cfg.test_data}` (disjoint articles)")
+    return windows, store
 
 
 def headroom(pools, base_ll, bytes_, cfg, kw) -> dict:
@@ -261,21 +277,22 @@ def main(argv=None):
                       f"{r['test']['bpb']:.4f}", format_interval(r["dev"]["vs_base"], 4),
                       format_interval(r["test"]["vs_base"], 4)))
     e2e = end_to_end
+    windows, store = setting(cfg)
     notes = (
         f"Within-pool REPLUG bits per byte (top-{cfg.k} of each example's base top-"
         f"{cfg.pool_size}, τ = {cfg.eval_temperature}), {len(examples['train'])} train / "
-        f"{len(examples['dev'])} dev / {len(examples['test'])} test windows (x, y = "
-        f"{cfg.context_tokens} tokens) of disjoint WikiText-2 articles; the datastore never "
-        f"holds the evaluated article. Lower is better; intervals: paired bootstrap over "
-        f"articles (windows of one article resampled together), {cfg.bootstrap_resamples} "
-        f"resamples. Every window's log-likelihood is in the JSON (`per_example`, the "
-        f"variants' `logliks`). LM pairs scored: {pairs} "
+        f"{len(examples['dev'])} dev / {len(examples['test'])} test windows {windows}; the "
+        f"datastore, {store}, never yields the evaluated article. Lower is better; "
+        f"intervals: paired bootstrap over articles (windows of one article resampled "
+        f"together), {cfg.bootstrap_resamples} resamples. Every window's log-likelihood is "
+        f"in the JSON (`per_example`, the variants' `logliks`). LM pairs scored: {pairs} "
         f"({', '.join(f'{r:.2f}' for r in payload['pairs_per_second'])} pairs/s).\n\n"
         f"**End to end** (the chosen variant, {chosen}, by dev; top-{cfg.k} from the whole "
-        f"re-embedded datastore): LM alone {e2e['lm_alone_bpb']:.4f}, REPLUG with the base "
-        f"retriever {e2e['base_bpb']:.4f} ({format_interval(e2e['base_vs_lm_alone'], 4)} vs LM "
-        f"alone), REPLUG LSR {e2e['lsr_bpb']:.4f} ({format_interval(e2e['lsr_vs_base'], 4)} vs "
-        f"base). Smallest effect this test set detects (80 % power, 5 % level): "
+        f"datastore, {len(passages):,} passages): LM alone {e2e['lm_alone_bpb']:.4f}, REPLUG "
+        f"with the base retriever {e2e['base_bpb']:.4f} "
+        f"({format_interval(e2e['base_vs_lm_alone'], 4)} vs LM alone), REPLUG LSR "
+        f"{e2e['lsr_bpb']:.4f} ({format_interval(e2e['lsr_vs_base'], 4)} vs base). Smallest "
+        f"effect this test set detects (80 % power, 5 % level): "
         f"{e2e['min_detectable_bpb']:.4f} bits per byte. Release rule: {e2e['release_rule']}."
         f"\n\n**Before training** (no LM cost): {diagnostics['verdict']}")
     out = write_results("lsr_study", args.config, payload, table,

@@ -562,5 +562,8 @@ def test_lsr_study_on_the_first_enwiki_articles_indexes_them_once(data, tmp_path
     made = (work / "index_enwiki2" / "manifest.json").stat().st_mtime_ns
     res = json.loads((out / "lsr_study" / "tiny.json").read_text())
     assert res["config"]["index"] == "enwiki:2" and res["end_to_end"]["base_bpb"] > 0
+    notes = (out / "lsr_study" / "tiny.md").read_text()  # the setting as run, in words
+    assert "the first 2 enwiki-sample articles" in notes and "WikiText-2" not in notes
+    assert f"{len(lsr_study.lm_datastore.enwiki_passages(2)):,} passages" in notes
     lsr_study.main(argv)  # the index is read back, not built again
     assert (work / "index_enwiki2" / "manifest.json").stat().st_mtime_ns == made
