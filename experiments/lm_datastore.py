@@ -147,13 +147,19 @@ def cached_index(passages, retriever, path: pathlib.Path, progress: bool) -> Ind
         return build_index(passages, retriever, path, progress=progress)
 
 
-def open_datastore(spec: str, retriever, lm, passage_tokens: int, control_documents: int = 0):
+def open_datastore(spec: str, retriever, lm, passage_tokens: int, control_documents: int = 0,
+                   cache: pathlib.Path | None = None, progress: bool = True):
     """``(index, leakage policy)`` for a datastore spec: an index directory built by ``replug
     index build``; ``enwiki:N`` (the first N articles of the enwiki sample in 100-word
-    passages, in memory: small runs and tests); ``wikitext103`` (WikiText-103 test in
-    ``passage_tokens``-token passages, every passage of the evaluated article excluded)."""
+    passages: in memory, or with ``cache`` indexed once in ``cache/index_enwikiN``);
+    ``wikitext103`` (WikiText-103 test in ``passage_tokens``-token passages, every passage
+    of the evaluated article excluded)."""
     if spec.startswith("enwiki:"):
-        return index_in_memory(enwiki_passages(int(spec.split(":", 1)[1])), retriever), "none"
+        n = int(spec.split(":", 1)[1])
+        if cache is not None:
+            return cached_index(enwiki_passages(n), retriever,
+                                pathlib.Path(cache) / f"index_enwiki{n}", progress), "none"
+        return index_in_memory(enwiki_passages(n), retriever), "none"
     if spec == "wikitext103":
         docs = evaluated_documents("wikitext103", control_documents)
         passages = chunk_documents(docs, size=passage_tokens, unit="tokens",

@@ -53,12 +53,8 @@ def distractor_index(cfg, retriever, lm, progress: bool):
     indexed once under the work root, shared by every config), an index folder, or None."""
     if not cfg.distractors:
         return None
-    if cfg.distractors.startswith("enwiki:"):
-        passages = lm_datastore.enwiki_passages(int(cfg.distractors.split(":", 1)[1]))
-        folder = "index_" + cfg.distractors.replace(":", "")
-        return lm_datastore.cached_index(passages, retriever,
-                                         pathlib.Path(cfg.workdir) / folder, progress)
-    return lm_datastore.open_datastore(cfg.distractors, retriever, lm, 128)[0]
+    return lm_datastore.open_datastore(cfg.distractors, retriever, lm, 128,
+                                       cache=pathlib.Path(cfg.workdir), progress=progress)[0]
 
 
 def open_study(cfg, retriever, lm, work: pathlib.Path, progress: bool) -> Study:

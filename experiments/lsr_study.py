@@ -120,13 +120,10 @@ def main(argv=None):
             if cfg.towers != "query":
                 raise ValueError("index= needs towers=query: a shared encoder would re-embed "
                                  "the whole index")
-            if cfg.index.startswith("enwiki:"):  # the first N enwiki articles, indexed once
-                n = int(cfg.index.split(":", 1)[1])
-                base_index = lm_datastore.cached_index(
-                    lm_datastore.enwiki_passages(n), retriever,
-                    pathlib.Path(cfg.workdir) / f"index_enwiki{n}", progress)
-            else:
-                base_index = Index.load(cfg.index, expect_encoder=retriever.identity)
+            # enwiki:N (the first N enwiki articles) is indexed once in the work root
+            base_index = lm_datastore.open_datastore(
+                cfg.index, retriever, lm, cfg.passage_tokens, cache=pathlib.Path(cfg.workdir),
+                progress=progress)[0]
             passages = base_index.passages
             by_id = {}  # the passages the pools and the end-to-end test retrieve
         else:
