@@ -110,3 +110,35 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     from tests.test_checkpoints import check_release_rule
 
     check_release_rule(out)  # the rule tests/test_checkpoints.py applies to checkpoints/
+
+
+def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
+    """What `lsr_study` writes when its rule passes with ``towers="query"`` (the enwiki
+    configs): the trained query tower beside the base passage encoder, a card that leads with
+    the interval and gives both weight files' SHA-256."""
+    import hashlib
+
+    from experiments import lsr_study
+    from replug_jax.models.params import split_params
+    from replug_jax.retrieval.encoder import Retriever
+
+    base, trained = tiny_retriever(0), tiny_retriever(1)
+    _, _, params = split_params(trained.model.encoder)
+    cfg = dataclasses.replace(lsr_study.CONFIGS["tiny"], towers="query",
+                              release=str(tmp_path / "rel"))
+    end_to_end = {"lsr_vs_base": {"difference": -0.02, "low": -0.03, "high": -0.01}}
+    lsr_study.release(base, jax.device_get(params), cfg, "chosen", {"best_step": 4},
+                      end_to_end)
+    out = tmp_path / "rel"
+    back = Retriever.load(str(out))
+    np.testing.assert_allclose(back.encode_queries(TEXTS), trained.encode_queries(TEXTS),
+                               atol=F16)
+    np.testing.assert_allclose(back.encode_passages(TEXTS), base.encode_passages(TEXTS),
+                               atol=F16)
+    card = (out / "MODEL_CARD.md").read_text()
+    for name in ("model.safetensors", "passage_encoder/model.safetensors"):
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() in card
+    assert "Query tower only" in card
+    from tests.test_checkpoints import check_release_rule
+
+    check_release_rule(out)
