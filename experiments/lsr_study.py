@@ -41,7 +41,14 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.lsr_study import CONFIGS
-from experiments.lsr_common import label, min_detectable, save_params, slug, variants
+from experiments.lsr_common import (
+    label,
+    min_detectable,
+    pool_reusing,
+    save_params,
+    slug,
+    variants,
+)
 from replug_jax.eval.stats import bpb_difference, format_interval
 from replug_jax.fileio import write_json_atomic
 from replug_jax.retrieval.corpus import chunk_documents, leakage_exclusions, read_documents
@@ -224,11 +231,12 @@ def main(argv=None):
                                                     params), cfg.k,
                            exclude_ids=excluded["test"])
         by_id.update({p.id: p for ps in res.passages for p in ps})
-        full = build_pool(examples["test"], res.ids, res.scores, by_id, lm,
-                          work / f"full_test_{slug(chosen)}",
-                          {**provenance_base, "split": "test", "retrieved_by": chosen,
-                           "examples": [e.id for e in examples["test"]], "pool_size": cfg.k},
-                          progress=progress)
+        # pairs the test pool holds keep their scores: only the others are scored
+        full = pool_reusing(pools["test"], examples["test"], res.ids, res.scores, by_id, lm,
+                            work / f"extra_test_{slug(chosen)}",
+                            {**provenance_base, "split": "test", "retrieved_by": chosen,
+                             "examples": [e.id for e in examples["test"]]},
+                            progress=progress)
         full_ll = pool_logliks(full, full.branches.scores_NK, cfg.k, cfg.eval_temperature)
         alone = np.array([r.logprobs.sum() for r in lm.score_continuations(
             [e.context for e in examples["test"]],
@@ -252,6 +260,7 @@ def main(argv=None):
                "diagnostics": diagnostics,
                "examples": {s: len(examples[s]) for s in examples},
                "lm_pairs_scored": pairs,
+               "end_to_end_pairs_reused": full.provenance["pairs_reused"],
                "pairs_per_second": [r for r in rates if r is not None],
                "base": {s: {"bpb": bits_per_byte(base_ll[s], bytes_[s])} for s in base_ll},
                "variants": {n: {k: v for k, v in r.items() if k != "curve"}
@@ -283,7 +292,9 @@ def main(argv=None):
         f"intervals: paired bootstrap over articles (windows of one article resampled "
         f"together), {cfg.bootstrap_resamples} resamples. Every window's log-likelihood is "
         f"in the JSON (`per_example`, the variants' `logliks`). LM pairs scored: {pairs} "
-        f"({', '.join(f'{r:.2f}' for r in payload['pairs_per_second'])} pairs/s).\n\n"
+        f"({', '.join(f'{r:.2f}' for r in payload['pairs_per_second'])} pairs/s; the "
+        f"end-to-end test took {full.provenance['pairs_reused']} of its pairs from the test "
+        f"pool).\n\n"
         f"**End to end** (the chosen variant, {chosen}, by dev; top-{cfg.k} from the whole "
         f"datastore, {len(passages):,} passages): LM alone {e2e['lm_alone_bpb']:.4f}, REPLUG "
         f"with the base retriever {e2e['base_bpb']:.4f} "
