@@ -38,134 +38,19 @@ from replug_jax.lm.serve_logprobs import (
     public,
     tokens_with_offsets,
 )
+from replug_jax.lm.serve_requests import (
+    RequestError,
+    ServeLimits,
+    chat_prompt,
+    chat_request_model,
+    request_model,
+    validate,
+)
 
 if TYPE_CHECKING:  # the limits are read by the CLI parser, which must not load JAX
     from replug_jax.lm.flax_scorer import FlaxLM
 
 API_KEY_ENV = "REPLUG_SERVE_API_KEY"
-
-
-def _limit(default, help: str, zero_ok: bool = False):
-    return dataclasses.field(default=default, metadata={"help": help, "zero_ok": zero_ok})
-
-
-@dataclasses.dataclass
-class ServeLimits:
-    """What one request may ask for, and how requests are queued and batched (each field's
-    ``help`` is what ``replug serve --help`` prints)."""
-
-    max_prompts: int = _limit(32, "prompts per request")
-    max_tokens: int = _limit(512, "new tokens per prompt")
-    max_logprobs: int = _limit(20, "top-n logprobs per token")
-    max_prompt_logprobs: int = _limit(20, "top-n prompt_logprobs per token")
-    max_body_bytes: int = _limit(1 << 20, "request body size in bytes")
-    queue_size: int = _limit(64, "requests waiting before the server answers 429")
-    max_batch: int = _limit(16, "prompts of concurrent requests run as one batch (requests "
-                            "are never split)")
-    batch_window_s: float = _limit(0.01, "seconds the worker waits to fill a batch",
-                                   zero_ok=True)
-    request_timeout_s: float = _limit(300.0, "seconds a request may wait and run before 504")
-
-    def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not (value >= 0 if f.metadata["zero_ok"] else value > 0):
-                raise ValueError(f"--{f.name.replace('_', '-')} must be "
-                                 f"{'>= 0' if f.metadata['zero_ok'] else 'positive'}, got {value}")
-
-
-def _request_model():
-    """The subset of OpenAI's legacy completions request we implement (plus vLLM's
-    ``prompt_logprobs``), as a pydantic model (pydantic comes with the ``serve`` extra)."""
-    pydantic = require("pydantic", "serve", "replug serve")
-
-    class CompletionRequest(pydantic.BaseModel):
-        model: str | None = None
-        prompt: str | list[str]
-        max_tokens: int = 16
-        echo: bool = False
-        logprobs: int | None = None
-        temperature: float = 1.0
-        top_p: float = 1.0
-        stop: str | list[str] | None = None
-        seed: int | None = None
-        prompt_logprobs: int | None = None
-
-    return CompletionRequest
-
-
-def _chat_request_model():
-    """OpenAI's chat-completions request, the subset that maps onto a completion."""
-    pydantic = require("pydantic", "serve", "replug serve")
-
-    class Message(pydantic.BaseModel):
-        role: str
-        content: str
-
-    class ChatRequest(pydantic.BaseModel):
-        model: str | None = None
-        messages: list[Message]
-        max_tokens: int | None = None
-        max_completion_tokens: int | None = None
-        logprobs: bool = False
-        top_logprobs: int | None = None
-        temperature: float = 1.0
-        top_p: float = 1.0
-        stop: str | list[str] | None = None
-        seed: int | None = None
-
-    return ChatRequest
-
-
-def chat_prompt(lm: "FlaxLM", messages: list[dict]) -> str:
-    """The text a chat request asks the model to continue: the messages through the model's
-    chat template with the assistant's turn opened, or, when the last message is the
-    assistant's, that message continued (a prefill)."""
-    if not getattr(lm.tokenizer, "chat_template", None):
-        raise RequestError(400, "this model has no chat template; use /v1/completions")
-    if not messages:
-        raise RequestError(400, "messages is empty")
-    head, prefill = (messages[:-1], messages[-1]["content"]) \
-        if messages[-1]["role"] == "assistant" else (messages, "")
-    if not head:
-        raise RequestError(400, "the messages need a turn before the assistant's")
-    return lm.tokenizer.apply_chat_template(head, add_generation_prompt=True,
-                                            tokenize=False) + prefill
-
-
-class RequestError(ValueError):
-    """A request the server refuses: ``status`` and a message that names the problem."""
-
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.headers = status, headers or {}
-
-
-def validate(req, lm: "FlaxLM", limits: ServeLimits) -> list[str]:
-    """The request's prompts, or a :class:`RequestError` naming the limit it breaks."""
-    prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-    if not prompts:
-        raise RequestError(400, "prompt is empty")
-    checks = [
-        (len(prompts) <= limits.max_prompts,
-         f"{len(prompts)} prompts exceed the limit of {limits.max_prompts} per request "
-         "(max_prompts)"),
-        (req.max_tokens >= 0, "max_tokens must be >= 0"),
-        (req.max_tokens <= limits.max_tokens,
-         f"max_tokens {req.max_tokens} exceeds the limit of {limits.max_tokens} (max_tokens)"),
-        (req.logprobs is None or 0 <= req.logprobs <= limits.max_logprobs,
-         f"logprobs must be in 0..{limits.max_logprobs} (max_logprobs)"),
-        (req.prompt_logprobs is None or 0 <= req.prompt_logprobs <= limits.max_prompt_logprobs,
-         f"prompt_logprobs must be in 0..{limits.max_prompt_logprobs} (max_prompt_logprobs)"),
-        (np.isfinite(req.temperature) and req.temperature >= 0,
-         "temperature must be a finite number >= 0"),
-        (np.isfinite(req.top_p) and 0 < req.top_p <= 1, "top_p must be in (0, 1]"),
-        (req.seed is None or 0 <= req.seed < 2**32, "seed must be in 0..2**32-1"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise RequestError(400, message)
-    return prompts
 
 
 @dataclasses.dataclass
@@ -337,8 +222,8 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
     fastapi = require("fastapi", "serve", "replug serve")
     responses = require("fastapi.responses", "serve", "replug serve")
     FastAPI, Request, Depends = fastapi.FastAPI, fastapi.Request, fastapi.Depends
-    CompletionRequest = _request_model()
-    ChatRequest = _chat_request_model()
+    CompletionRequest = request_model()
+    ChatRequest = chat_request_model()
     limits = limits or ServeLimits()
     name = model_name or lm.name
     batcher = Batcher(lm, limits)
