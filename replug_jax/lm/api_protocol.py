@@ -1,7 +1,8 @@
 """What OpenAI-compatible servers say, read strictly: the typed errors of the client, the two
 log-prob shapes (legacy completions and per-token ``content[]``, plus vLLM's
 ``prompt_logprobs``) parsed into :class:`TokenLogprobs`, and :class:`ServerCapabilities`, what
-a probe found. No I/O here; :mod:`replug_jax.lm.api_scorer` talks to the server."""
+a probe found, and failures put in words. No I/O here; :mod:`replug_jax.lm.api_scorer`
+talks to the server."""
 
 from __future__ import annotations
 
@@ -338,3 +339,33 @@ class ServerCapabilities:
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
+
+
+def snippet(text: str, n: int = 160) -> str:
+    """A one-line excerpt of a server's answer."""
+    flat = " ".join(str(text).split())
+    return repr(flat[:n] + ("…" if len(flat) > n else ""))
+
+
+def error_text(resp) -> str:
+    """An ``httpx`` response's error message: the server's own (OpenAI's
+    ``{"error": {"message"}}``) or the body."""
+    try:
+        body = resp.json()
+        message = body["error"]["message"] if isinstance(body.get("error"), dict) else \
+            body.get("error") or body.get("detail") or body
+    except (ValueError, AttributeError, KeyError, TypeError):
+        message = resp.text
+    return snippet(str(message))
+
+
+def transport_reason(err) -> str:
+    """Why a request never got an answer, in words (DNS, refused, reset)."""
+    text = str(err) or type(err).__name__
+    lowered = text.lower()
+    if "name or service not known" in lowered or "nodename nor servname" in lowered or \
+            "temporary failure in name resolution" in lowered or "getaddrinfo" in lowered:
+        return f"unknown host (DNS: {text})"
+    if "refused" in lowered:
+        return "connection refused: is the server running on that host and port?"
+    return f"{type(err).__name__}: {text}"

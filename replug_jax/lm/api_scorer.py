@@ -54,8 +54,11 @@ from replug_jax.lm.api_protocol import (  # noqa: F401 (the client's public name
     APITimeoutError,
     ServerCapabilities,
     TokenLogprobs,
+    error_text,
     parse_logprobs,
     parse_prompt_logprobs,
+    snippet,
+    transport_reason,
 )
 from replug_jax.lm.scorer import SCORE, TOP_LOGPROBS, ContinuationScore, CostMeter
 
@@ -153,16 +156,16 @@ class APIScorer:
             except httpx.TimeoutException:
                 last, kind = f"timed out after {self.timeout:g}s", APITimeoutError
             except httpx.TransportError as err:
-                last, kind = _transport_reason(err), APIConnectionError
+                last, kind = transport_reason(err), APIConnectionError
             else:
                 if resp.status_code == 200:
                     try:
                         body = resp.json()
                     except ValueError:
                         raise APIProtocolError(f"{where} returned malformed JSON: "
-                                               f"{_snippet(resp.text)}") from None
+                                               f"{snippet(resp.text)}") from None
                     if not isinstance(body, dict):
-                        raise APIProtocolError(f"{where} returned {_snippet(resp.text)}, not "
+                        raise APIProtocolError(f"{where} returned {snippet(resp.text)}, not "
                                                "a JSON object")
                     self._account(body, time.perf_counter() - t0)
                     return body
@@ -170,15 +173,15 @@ class APIScorer:
                 if status in (401, 403):
                     raise APIAuthError(f"{where} answered HTTP {status}: the API key is "
                                        f"missing or wrong (set ${KEY_ENV_VARS[0]} or "
-                                       f"${KEY_ENV_VARS[1]}): {_error_text(resp)}")
+                                       f"${KEY_ENV_VARS[1]}): {error_text(resp)}")
                 if status == 404:
                     raise APINotFoundError(f"{where} answered HTTP 404 (wrong --api-base, "
                                            f"endpoint or model {self.model!r}?): "
-                                           f"{_error_text(resp)}")
+                                           f"{error_text(resp)}")
                 if status != 429 and status < 500:
                     raise APIRefusedError(f"{where} answered HTTP {status}: "
-                                          f"{_error_text(resp)}")
-                last = f"HTTP {status}: {_error_text(resp)}"
+                                          f"{error_text(resp)}")
+                last = f"HTTP {status}: {error_text(resp)}"
                 kind = APIRateLimitError if status == 429 else APIServerError
             if attempt < attempts - 1:
                 time.sleep(self.backoff * 2**attempt)
@@ -204,10 +207,10 @@ class APIScorer:
         try:
             choice = body["choices"][0]
         except (KeyError, IndexError, TypeError):
-            raise APIProtocolError(f"response has no choices: {_snippet(str(body))}") \
+            raise APIProtocolError(f"response has no choices: {snippet(str(body))}") \
                 from None
         if not isinstance(choice, dict):
-            raise APIProtocolError(f"malformed choice: {_snippet(str(choice))}")
+            raise APIProtocolError(f"malformed choice: {snippet(str(choice))}")
         return choice
 
     def _request(self, prompt: str, *, generated: str = "", max_tokens: int = 1,
@@ -382,7 +385,7 @@ class APIScorer:
         if not block.tokens:  # the server ended before any token: the end of text is certain
             if choice.get("finish_reason") == "stop":
                 return {"": 0.0}
-            raise APIResponseError(f"response has no generated token: {_snippet(str(choice))}")
+            raise APIResponseError(f"response has no generated token: {snippet(str(choice))}")
         top = block.top[0]
         if not top:
             raise APIResponseError("response lacks top log-probs of the generated token")
@@ -437,31 +440,3 @@ class APIScorer:
     def close(self) -> None:
         self._client.close()
 
-
-def _snippet(text: str, n: int = 160) -> str:
-    """A one-line excerpt of a server's answer."""
-    flat = " ".join(str(text).split())
-    return repr(flat[:n] + ("…" if len(flat) > n else ""))
-
-
-def _error_text(resp: httpx.Response) -> str:
-    """The server's own error message (OpenAI's ``{"error": {"message"}}`` or the body)."""
-    try:
-        body = resp.json()
-        message = body["error"]["message"] if isinstance(body.get("error"), dict) else \
-            body.get("error") or body.get("detail") or body
-    except (ValueError, AttributeError, KeyError, TypeError):
-        message = resp.text
-    return _snippet(str(message))
-
-
-def _transport_reason(err: httpx.TransportError) -> str:
-    """Why a request never got an answer, in words (DNS, refused, reset)."""
-    text = str(err) or type(err).__name__
-    lowered = text.lower()
-    if "name or service not known" in lowered or "nodename nor servname" in lowered or \
-            "temporary failure in name resolution" in lowered or "getaddrinfo" in lowered:
-        return f"unknown host (DNS: {text})"
-    if "refused" in lowered:
-        return "connection refused: is the server running on that host and port?"
-    return f"{type(err).__name__}: {text}"
