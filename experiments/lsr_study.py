@@ -16,8 +16,8 @@ compared on the same LM scores, and the chosen retriever evaluated end to end.
 4. The release rule: the chosen retriever is written to ``release`` (float16 safetensors and a
    model card) only if its interval vs the base excludes zero in its favour.
 
-Usage: ``python -m experiments.lsr_study [--config default|full|enwiki|enwiki1k|tiny]
-[--set key=value ...]``.
+Usage: ``python -m experiments.lsr_study [--config
+default|full|enwiki|enwiki1k|enwiki1k_fresh|tiny] [--set key=value ...]``.
 """
 
 from __future__ import annotations
@@ -117,7 +117,10 @@ def main(argv=None):
     if cfg.k > cfg.pool_size:
         raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} candidates")
     progress = not args.no_progress
-    work = pathlib.Path(cfg.workdir) / args.config
+    work = pathlib.Path(cfg.workdir) / (cfg.work or args.config)
+    # work=another config: its pools and trained runs, tested on this config's test data
+    # (its test pool and end-to-end pairs in folders named after this config)
+    tag = f"_{args.config}" if cfg.work and cfg.work != args.config else ""
     (work / "runs").mkdir(parents=True, exist_ok=True)
     with Timer() as sw:
         lm = load_lm(cfg.lm, cfg.lm_max_context)
@@ -167,7 +170,8 @@ def main(argv=None):
             res = base_index.search(retriever.encode_queries([e.query for e in examples[s]]),
                                     cfg.pool_size, exclude_ids=excluded[s])
             by_id.update({p.id: p for ps in res.passages for p in ps})
-            pools[s] = build_pool(examples[s], res.ids, res.scores, by_id, lm, work / f"pool_{s}",
+            folder = work / (f"pool_{s}{tag}" if s == "test" else f"pool_{s}")
+            pools[s] = build_pool(examples[s], res.ids, res.scores, by_id, lm, folder,
                                   {**provenance_base, "split": s, "data": paths[s],
                                    "examples": [e.id for e in examples[s]],
                                    "pool_size": cfg.pool_size},
@@ -185,18 +189,33 @@ def main(argv=None):
             print(f"lsr_study: {diagnostics['verdict']}", flush=True)
             if cfg.require_headroom:
                 write_json_atomic({"config": vars(cfg), "diagnostics": diagnostics},
-                                  work / "diagnostics.json")
+                                  work / f"diagnostics{tag}.json")
                 return
         results = {}
         frozen: dict = {}  # towers=query: the pool passages' base embeddings, encoded once
         doc_tower = (None, frozen) if cfg.towers == "query" else ("same", None)
         best_file = work / "best_params.npz"
+
+        def within_pool(params, s: str) -> dict:
+            """REPLUG on split ``s`` with ``params``' top-k within each pool, vs the base."""
+            q, d = embed_pool(retriever, params, pools[s], examples[s], by_id, *doc_tower)
+            ll = pool_logliks(pools[s], np.einsum("ed,emd->em", q, d), cfg.k,
+                              cfg.eval_temperature)
+            return {"bpb": bits_per_byte(ll, bytes_[s]),
+                    "vs_base": bpb_difference(ll, base_ll[s], bytes_[s], **kw[s]),
+                    "logliks": ll.tolist()}
+
         for v in variants(cfg):
             name = label(v)
             out = work / "runs" / f"{slug(name)}.json"
             if out.exists() and json.loads(out.read_text()).get("config") == vars(v):
                 results[name] = json.loads(out.read_text())
+                if tag:  # its test values are of the other test set: only the chosen's
+                    results[name]["test"] = None  # is recomputed (its parameters are kept)
                 continue
+            if tag:
+                raise ValueError(f"{work}: no trained run of {name}; run --config {cfg.work} "
+                                 "first (work= reuses its runs)")
             fit = train_on_pool(retriever, pools["train"], examples["train"], pools["dev"],
                                 examples["dev"], by_id, v, progress=progress,
                                 frozen_docs=frozen)
@@ -204,13 +223,7 @@ def main(argv=None):
                    "steps_run": fit["steps_run"], "seconds": round(fit["seconds"], 1),
                    "curve": fit["curve"]}
             for s in ("dev", "test"):
-                q, d = embed_pool(retriever, fit["params"], pools[s], examples[s], by_id,
-                                  *doc_tower)
-                ll = pool_logliks(pools[s], np.einsum("ed,emd->em", q, d), cfg.k,
-                                  cfg.eval_temperature)
-                row[s] = {"bpb": bits_per_byte(ll, bytes_[s]),
-                          "vs_base": bpb_difference(ll, base_ll[s], bytes_[s], **kw[s]),
-                          "logliks": ll.tolist()}
+                row[s] = within_pool(fit["params"], s)
             best_so_far = min((r["dev"]["bpb"] for n, r in results.items()
                                if "shuffled-Q" not in n), default=math.inf)
             if not v.shuffle_q and (row["dev"]["bpb"] < best_so_far or not best_file.exists()):
@@ -223,6 +236,8 @@ def main(argv=None):
             raise ValueError(f"{best_file} holds another variant than the best on dev "
                              f"({chosen}); delete {work / 'runs'} and rerun")
         params = unflatten_params(dict(np.load(best_file, allow_pickle=False)), retriever.params)
+        if tag:
+            results[chosen]["test"] = within_pool(params, "test")
         # end to end: the chosen retriever's top-k from the whole datastore (re-embedded with
         # its parameters; with towers=query the documents keep their base embeddings)
         index = base_index if cfg.towers == "query" else Index.build(
@@ -233,7 +248,7 @@ def main(argv=None):
         by_id.update({p.id: p for ps in res.passages for p in ps})
         # pairs the test pool holds keep their scores: only the others are scored
         full = pool_reusing(pools["test"], examples["test"], res.ids, res.scores, by_id, lm,
-                            work / f"extra_test_{slug(chosen)}",
+                            work / f"extra_test{tag}_{slug(chosen)}",
                             {**provenance_base, "split": "test", "retrieved_by": chosen,
                              "examples": [e.id for e in examples["test"]]},
                             progress=progress)
@@ -279,16 +294,21 @@ def main(argv=None):
     table = [("base retriever", "—", "—", f"{payload['base']['dev']['bpb']:.4f}",
               f"{payload['base']['test']['bpb']:.4f}", "—", "—")]
     for n, r in results.items():
+        test = r["test"]  # None: a run of another config's, tested there (work=)
         table.append((n, f"{r['steps_run']}", f"{r['best_step']}", f"{r['dev']['bpb']:.4f}",
-                      f"{r['test']['bpb']:.4f}", format_interval(r["dev"]["vs_base"], 4),
-                      format_interval(r["test"]["vs_base"], 4)))
+                      f"{test['bpb']:.4f}" if test else "—",
+                      format_interval(r["dev"]["vs_base"], 4),
+                      format_interval(test["vs_base"], 4) if test else "—"))
     e2e = end_to_end
     windows, store = setting(cfg)
     notes = (
         f"Within-pool REPLUG bits per byte (top-{cfg.k} of each example's base top-"
         f"{cfg.pool_size}, τ = {cfg.eval_temperature}), {len(examples['train'])} train / "
         f"{len(examples['dev'])} dev / {len(examples['test'])} test windows {windows}; the "
-        f"datastore, {store}, never yields the evaluated article. Lower is better; "
+        f"datastore, {store}, never yields the evaluated article."
+        + (f" The trained runs are `{cfg.work}`'s, reused (their within-pool test values "
+           "belong to its test set: only the chosen variant's is shown here)." if tag else "")
+        + " Lower is better; "
         f"intervals: paired bootstrap over articles (windows of one article resampled "
         f"together), {cfg.bootstrap_resamples} resamples. Every window's log-likelihood is "
         f"in the JSON (`per_example`, the variants' `logliks`). LM pairs scored: {pairs} "

@@ -5,7 +5,9 @@
 choice, disjoint), ``{"id","title","text"}`` with the sample's own ids, which are the ids its
 index's passages carry, so ``leakage="document"`` keeps every passage of an example's own
 article out of its retrieval. ``test.jsonl``: the 60 articles of WikiText-103 test (the text
-``table1_lm`` evaluates), which the sample does not hold (title-disjoint). The trainer cuts
+``table1_lm`` evaluates), which the sample does not hold (title-disjoint).
+``fresh_test.jsonl``: more enwiki articles that neither train nor dev holds (raw Wikipedia
+text, a second kind of test data: ``lsr_study --config enwiki1k_fresh``). The trainer cuts
 them into windows of x + y tokens. ``split.json`` lists the chosen titles.
 
 Usage: ``python -m experiments.prepare_enwiki_lm [--out experiments/data/enwiki_lm]``.
@@ -36,17 +38,21 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="article choice seed")
     ap.add_argument("--train", type=int, default=200, help="enwiki articles for training")
     ap.add_argument("--dev", type=int, default=40, help="enwiki articles for dev")
+    ap.add_argument("--fresh", type=int, default=120,
+                    help="further enwiki articles for fresh_test.jsonl (after train and dev "
+                         "in the same seeded order, so those two files do not change)")
     ap.add_argument("--min-words", type=int, default=400,
                     help="articles shorter than this are not chosen (they hold no window)")
     args = ap.parse_args(argv)
     path = require_data("enwiki2015", "enwiki_2015_sample10k.jsonl.gz")
     docs = [d for d in iter_documents(path) if len(d.text.split()) >= args.min_words]
-    if args.train + args.dev > len(docs):
+    if args.train + args.dev + args.fresh > len(docs):
         raise SystemExit(f"{len(docs)} articles of ≥ {args.min_words} words cannot give "
-                         f"{args.train} train and {args.dev} dev articles")
+                         f"{args.train} train, {args.dev} dev and {args.fresh} fresh articles")
     order = np.random.default_rng(args.seed).permutation(len(docs))
-    parts = {"train": sorted(order[:args.train]),
-             "dev": sorted(order[args.train:args.train + args.dev])}
+    cut = np.cumsum([args.train, args.dev, args.fresh])
+    parts = {"train": sorted(order[:cut[0]]), "dev": sorted(order[cut[0]:cut[1]]),
+             "fresh_test": sorted(order[cut[1]:cut[2]])}
     test = split_wikitext(require_data("wikitext103", "wiki.test.tokens")
                           .read_text(encoding="utf-8"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -56,8 +62,8 @@ def main(argv=None):
     write_json_atomic({"seed": args.seed, "source": str(path.name),
                        **{n: [docs[int(i)].title for i in idx] for n, idx in parts.items()},
                        "test": [d.title for d in test]}, args.out / "split.json")
-    print(f"wrote {args.train} train and {args.dev} dev enwiki articles and {len(test)} "
-          f"WikiText-103 test articles to {args.out}")
+    print(f"wrote {args.train} train, {args.dev} dev and {args.fresh} fresh-test enwiki "
+          f"articles and {len(test)} WikiText-103 test articles to {args.out}")
 
 
 if __name__ == "__main__":
