@@ -467,7 +467,7 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
     assert branches.logprobs_NKT.shape[:2] == (2, 1) and fewer["examples"] == 2
 
 
-def test_lsr_study_tiny(data, tmp_path):
+def test_lsr_study_tiny(data, tmp_path, monkeypatch):
     """The LSR study end to end on its tiny config: pools scored once, two objectives trained
     on them, the chosen one evaluated from the re-embedded datastore, the release rule
     applied; a rerun reads every pool and run from its work directory."""
@@ -509,6 +509,23 @@ def test_lsr_study_tiny(data, tmp_path):
     lsr_study.main(argv)  # resumed: the same numbers from the stored pools and runs
     again = json.loads((out / "lsr_study" / "tiny.json").read_text())
     assert again["end_to_end"] == res["end_to_end"] and again["variants"] == res["variants"]
+    # work="tiny": another config tests tiny's trained runs on other test data (a
+    # replication), scoring its own test pool and training nothing
+    import dataclasses
+
+    monkeypatch.setitem(lsr_study.CONFIGS, "tiny_fresh",
+                        dataclasses.replace(lsr_study.CONFIGS["tiny"], work="tiny"))
+    monkeypatch.setattr(lsr_study, "train_on_pool", lambda *a, **k: pytest.fail("trained"))
+    fresh = argv[:1] + ["tiny_fresh"] + argv[2:]
+    fresh[fresh.index(f"test_data={wiki}/test.jsonl")] = f"test_data={wiki}/dev.jsonl"
+    lsr_study.main(fresh)
+    rep = json.loads((out / "lsr_study" / "tiny_fresh.json").read_text())
+    assert (tmp_path / "work" / "tiny" / "pool_test_tiny_fresh").is_dir()
+    assert rep["chosen"] == res["chosen"]
+    assert not set(rep["per_example"]["test"]["ids"]) & set(res["per_example"]["test"]["ids"])
+    assert [n for n, v in rep["variants"].items() if v["test"]] == [rep["chosen"]]
+    assert "only the chosen variant's is shown" in (out / "lsr_study" / "tiny_fresh.md"
+                                                      ).read_text()
 
 
 def test_lsr_study_on_a_built_index_trains_the_query_tower_only(data, tmp_path):
