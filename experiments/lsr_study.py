@@ -267,8 +267,6 @@ def main(argv=None):
     passes = end_to_end["lsr_vs_base"]["high"] < 0
     end_to_end["release_rule"] = ("passes: better than the base with an interval excluding zero"
                                   if passes else "fails: not better than its base")
-    if passes and cfg.release:
-        release(retriever, params, cfg, chosen, results[chosen], end_to_end)
     pairs = sum(p.provenance["pairs"] for p in pools.values()) + full.provenance["pairs"]
     rates = [p.provenance.get("pairs_per_second") for p in (*pools.values(), full)]
     payload = {"config": vars(cfg), "chosen": chosen, "end_to_end": end_to_end,
@@ -323,6 +321,8 @@ def main(argv=None):
         f"effect this test set detects (80 % power, 5 % level): "
         f"{e2e['min_detectable_bpb']:.4f} bits per byte. Release rule: {e2e['release_rule']}."
         f"\n\n**Before training** (no LM cost): {diagnostics['verdict']}")
+    if passes and cfg.release:
+        release(retriever, params, cfg, chosen, payload, len(passages))
     out = write_results("lsr_study", args.config, payload, table,
                         ("variant", "steps run", "best step", "dev BPB", "test BPB",
                          "dev Δ vs base [95 % CI]", "test Δ vs base [95 % CI]"),
@@ -342,8 +342,10 @@ def plot(results: dict, payload: dict, path: pathlib.Path) -> None:
     save_figure(fig, path)
 
 
-def release(retriever, params, cfg, chosen: str, row: dict, end_to_end: dict) -> None:
-    """Write the chosen retriever (float16 safetensors, model card, ``replug.json``)."""
+def release(retriever, params, cfg, chosen: str, payload: dict, passages: int) -> None:
+    """Write the chosen retriever (float16 safetensors, ``replug.json``) with a model card
+    that leads with its end-to-end result and states how it was trained and tested
+    (``payload``: the study's results, as in its JSON)."""
     from safetensors.numpy import load_file, save_file
 
     from replug_jax.models import export_retriever
@@ -353,24 +355,39 @@ def release(retriever, params, cfg, chosen: str, row: dict, end_to_end: dict) ->
     encoder = to_module(graphdef, template, params)
     settings = {"similarity": retriever.similarity, "query_max_length": cfg.query_max_length,
                 "doc_max_length": cfg.doc_max_length, "trained_from": cfg.retriever}
+    e2e, row, n = payload["end_to_end"], payload["variants"][chosen], payload["examples"]
+    windows, store = setting(cfg)
+    d = e2e["lsr_vs_base"]
     card = "\n".join([
-        "# REPLUG LSR retriever (language modelling, pre-scored pool)", "",
-        f"Better than its base on held-out test articles: "
-        f"{format_interval(end_to_end['lsr_vs_base'], 4)} bits per byte (REPLUG, top-{cfg.k} "
-        "from the whole datastore, paired 95 % interval).", "",
-        f"- base retriever `{cfg.retriever}`, supervising LM `{cfg.lm}`; variant {chosen}, "
-        f"best dev step {row['best_step']}",
-        "- made by `python -m experiments.lsr_study`; results in "
-        "`experiments/results/lsr_study/`", ""])
+        f"# REPLUG LSR retriever: `{cfg.retriever}` trained from `{cfg.lm}` (language "
+        "modelling)", "",
+        f"Better than its base on held-out test articles: {format_interval(d, 4)} bits per "
+        f"byte (REPLUG, top-{cfg.k} from the whole datastore of {passages:,} passages, paired "
+        f"95 % interval over {d.get('clusters', '?')} articles; the smallest effect this test "
+        f"detects at 80 % power is {e2e['min_detectable_bpb']:.4f}).", "",
+        f"- test, {n['test']} windows: LM alone {e2e['lm_alone_bpb']:.4f}, REPLUG with the base "
+        f"retriever {e2e['base_bpb']:.4f}, with this one {e2e['lsr_bpb']:.4f} bits per byte",
+        f"- trained by REPLUG LSR ({chosen}; best dev step {row['best_step']} of "
+        f"{row['steps_run']} run, batch {cfg.batch_size}, Adam {cfg.learning_rate:g}) on "
+        f"{n['train']} train windows, selected among the objectives and temperatures on "
+        f"{n['dev']} dev windows; windows {windows}",
+        f"- retrieval during training: the top-{cfg.k} of each window's base top-"
+        f"{cfg.pool_size}, scored once by the LM; datastore: {store}",
+        "- made by `python -m experiments.lsr_study`; every number, with each window's "
+        "log-likelihood, is in `experiments/results/lsr_study/`", ""])
     trained = dataclasses.replace(retriever.model, encoder=encoder)
     if cfg.towers == "query":  # the trained query encoder beside the base passage encoder
         from replug_jax.train.export import write_two_towers
 
         card += ("\nQuery tower only: the passage encoder is the base (`passage_encoder/`), "
-                 f"so an index built with `{cfg.retriever}` serves it.\n")
+                 f"so an index built with `{cfg.retriever}` serves it. Load both with "
+                 "`Retriever.load(<this folder>)`, or the query encoder with "
+                 "`SentenceTransformer(<this folder>)` and the passage encoder with "
+                 "`SentenceTransformer(<this folder>/passage_encoder)`.\n")
         out = write_two_towers(trained, retriever.model, cfg.release, settings, card)
         files = ("model.safetensors", "passage_encoder/model.safetensors")
     else:
+        card += "\nLoad with `Retriever.load(<this folder>)` or `SentenceTransformer`.\n"
         out = pathlib.Path(export_retriever(trained, cfg.release, {
             "MODEL_CARD.md": card, "replug.json": json.dumps(settings, indent=2) + "\n"}))
         weights = out / "model.safetensors"

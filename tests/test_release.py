@@ -126,9 +126,13 @@ def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
     _, _, params = split_params(trained.model.encoder)
     cfg = dataclasses.replace(lsr_study.CONFIGS["tiny"], towers="query",
                               release=str(tmp_path / "rel"))
-    end_to_end = {"lsr_vs_base": {"difference": -0.02, "low": -0.03, "high": -0.01}}
-    lsr_study.release(base, jax.device_get(params), cfg, "chosen", {"best_step": 4},
-                      end_to_end)
+    payload = {"end_to_end": {"lsr_vs_base": {"difference": -0.02, "low": -0.03,
+                                              "high": -0.01, "clusters": 5},
+                              "min_detectable_bpb": 0.015, "lm_alone_bpb": 1.2,
+                              "base_bpb": 1.1, "lsr_bpb": 1.08},
+               "variants": {"chosen": {"best_step": 4, "steps_run": 6}},
+               "examples": {"train": 6, "dev": 3, "test": 3}}
+    lsr_study.release(base, jax.device_get(params), cfg, "chosen", payload, 20)
     out = tmp_path / "rel"
     back = Retriever.load(str(out))
     np.testing.assert_allclose(back.encode_queries(TEXTS), trained.encode_queries(TEXTS),
@@ -138,7 +142,8 @@ def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
     card = (out / "MODEL_CARD.md").read_text()
     for name in ("model.safetensors", "passage_encoder/model.safetensors"):
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() in card
-    assert "Query tower only" in card
+    assert "Query tower only" in card and "-0.0200 [-0.0300, -0.0100]" in card
+    assert "over 5 articles" in card and "1.0800" in card and "20 passages" in card
     from tests.test_checkpoints import check_release_rule
 
     check_release_rule(out)
