@@ -147,3 +147,20 @@ def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
     from tests.test_checkpoints import check_release_rule
 
     check_release_rule(out)
+
+
+def test_an_export_does_not_bake_the_tokenizers_padding_into_its_files(tmp_path):
+    """A fast tokenizer can hold fixed padding and truncation in its backend (the packaged
+    MiniLM's tokenizer.json does); an export writes neither, so the same weights give the same
+    files whatever state the tokenizer was loaded or left in."""
+    from replug_jax.models import export_retriever
+
+    retriever = tiny_retriever(0)
+    backend = retriever.model.tokenizer.backend_tokenizer
+    backend.enable_padding(length=16)
+    backend.enable_truncation(16)
+    out = export_retriever(retriever.model, tmp_path / "r")
+    saved = json.loads((out / "tokenizer.json").read_text())
+    assert saved["truncation"] is None and saved["padding"] is None
+    np.testing.assert_allclose(retriever.encode_queries(TEXTS),  # encoding is unchanged
+                               tiny_retriever(0).encode_queries(TEXTS), atol=1e-6)

@@ -131,6 +131,10 @@ def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
                for path, (name, transform) in hf_name_map(retriever.config).items()}
     save_safetensors_atomic(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     write_json_atomic(retriever.config.to_hf(), tmp / "config.json")
+    # the fast tokenizer keeps the truncation and padding of its last call in its backend;
+    # a release must not bake that in (transformers sets both again on every call)
+    retriever.tokenizer.backend_tokenizer.no_truncation()
+    retriever.tokenizer.backend_tokenizer.no_padding()
     retriever.tokenizer.save_pretrained(str(tmp))
     pool_dir = tmp / "1_Pooling"
     pool_dir.mkdir()
