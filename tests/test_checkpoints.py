@@ -39,3 +39,32 @@ def check_release_rule(folder: pathlib.Path) -> None:
 @pytest.mark.parametrize("folder", FOLDERS, ids=[p.name for p in FOLDERS])
 def test_release_rule(folder):
     check_release_rule(folder)
+
+
+def test_every_file_of_a_two_tower_release_is_committed(tmp_path):
+    """checkpoints/.gitignore keeps run leftovers out but lets every file a release needs in:
+    a two-tower release's passage encoder and sentence-transformers modules too (else a clean
+    clone holds a release that cannot load)."""
+    import dataclasses
+    import shutil
+    import subprocess
+
+    from replug_jax.train.export import write_two_towers
+    from tests._models import tiny_retriever
+
+    if shutil.which("git") is None or not (CHECKPOINTS.parent / ".git").exists():
+        pytest.skip("not a git checkout")
+    base = tiny_retriever(0)
+    query = dataclasses.replace(base.model)
+    out = write_two_towers(query, base.model, tmp_path / "release",
+                           {"similarity": "cosine", "query_max_length": 16,
+                            "doc_max_length": 16, "trained_from": "tiny"}, "# card\n")
+    files = [f"checkpoints/release/{p.relative_to(out).as_posix()}"
+             for p in out.rglob("*") if p.is_file()]
+    assert any("passage_encoder/" in f for f in files)
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *files],
+                             cwd=CHECKPOINTS.parent, capture_output=True, text=True).stdout
+    assert not ignored.split(), f"checkpoints/.gitignore drops {ignored.split()}"
+    assert subprocess.run(["git", "check-ignore", "-q", "--no-index",
+                           "checkpoints/release/optimizer_state.msgpack"],
+                          cwd=CHECKPOINTS.parent).returncode == 0  # leftovers stay out
