@@ -584,3 +584,22 @@ def test_lsr_study_on_the_first_enwiki_articles_indexes_them_once(data, tmp_path
     assert f"{len(lsr_study.lm_datastore.enwiki_passages(2)):,} passages" in notes
     lsr_study.main(argv)  # the index is read back, not built again
     assert (work / "index_enwiki2" / "manifest.json").stat().st_mtime_ns == made
+
+
+def test_prepare_enwiki_lm_adds_fresh_articles_without_changing_train_and_dev(data, tmp_path):
+    """``fresh_test.jsonl`` (the replication's test articles) comes after train and dev in the
+    same seeded order: disjoint from both, and the two files do not change with it."""
+    from experiments import prepare_enwiki_lm
+
+    def split(out, fresh):
+        prepare_enwiki_lm.main(["--out", str(out), "--train", "3", "--dev", "2", "--fresh",
+                                str(fresh), "--min-words", "10"])
+        return {n: [json.loads(x)["id"] for x in (out / f"{n}.jsonl").read_text().split("\n")
+                    if x.strip()] for n in ("train", "dev", "fresh_test")}
+
+    with_fresh, without = split(tmp_path / "a", 4), split(tmp_path / "b", 0)
+    assert with_fresh["train"] == without["train"] and with_fresh["dev"] == without["dev"]
+    assert len(with_fresh["fresh_test"]) == 4 and not without["fresh_test"]
+    assert not set(with_fresh["fresh_test"]) & set(with_fresh["train"] + with_fresh["dev"])
+    with pytest.raises(SystemExit, match="fresh"):
+        split(tmp_path / "c", 10_000)
