@@ -80,12 +80,15 @@ def run(main) -> None:
         raise SystemExit(2) from None
 
 
-def parse_experiment_args(argv, doc: str, configs: dict):
+def parse_experiment_args(argv, doc: str, configs: dict, extra=None):
     """``(args, cfg)`` of an experiment script: its docstring as ``--help``, the standard
-    options (:func:`add_standard_args`) and the chosen config with its overrides."""
+    options (:func:`add_standard_args`), the script's own (``extra(parser)``) and the chosen
+    config with its overrides."""
     ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_standard_args(ap, configs)
+    if extra is not None:
+        extra(ap)
     args = ap.parse_args(argv)
     return args, pick_config(configs, args.config, args.set)
 

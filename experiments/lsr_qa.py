@@ -24,7 +24,8 @@ pointed to, on questions of SQuAD train articles no split held (reusing ``defaul
 and trained variant). ``python -m experiments.lsr_qa_report --config NAME`` rewrites a
 finished run's report from its JSON.
 
-Usage: ``python -m experiments.lsr_qa [--config default|confirm|nq|tiny] [--set key=value]``.
+Usage: ``python -m experiments.lsr_qa [--config default|confirm|confirm_recall|nq|tiny]
+[--set key=value] [--stage pools|all]``.
 """
 
 from __future__ import annotations
@@ -258,8 +259,14 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
     return out
 
 
+def _stage_arg(ap) -> None:
+    ap.add_argument("--stage", choices=("pools", "all"), default="all",
+                    help="pools: build the datastore and score every pool (resumable), then "
+                         "stop before any training; all: the whole study")
+
+
 def main(argv=None):
-    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS, extra=_stage_arg)
     if cfg.k > min(cfg.pool_size, cfg.test_pool_size or cfg.pool_size):
         raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} (test "
                          f"{cfg.test_pool_size or cfg.pool_size}) candidates")
@@ -276,6 +283,11 @@ def main(argv=None):
         examples = {n: examples_of(qs) for n, qs in study.pool_sets.items()}
         pools, base_res, by_id = score_pools(study, examples, lm, retriever, cfg, work,
                                              progress)
+        if args.stage == "pools":
+            for name, pool in pools.items():
+                print(f"pool {name}: {len(pool)} questions, {pool.provenance['pairs']} pairs "
+                      f"({pool.provenance.get('pairs_per_second', '?')} pairs/s)")
+            return
         frozen: dict = {}  # base embeddings of the pool passages, encoded once
         single = len(study.folds) == 1
         folds = [run_fold(f, study, cfg, lm, retriever, pools, examples, base_res, by_id,

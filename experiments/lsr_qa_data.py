@@ -4,7 +4,9 @@
   of them), dev = questions of ``dev_articles`` other train articles (early stopping, τ),
   test = questions of the SQuAD dev articles available here, which no retriever trains on
   (``test_source="unused_train"``: of ``test_articles`` train articles that neither the train
-  nor the dev split holds; pool set "fresh_test").
+  nor the dev split holds, less the ``test_skip_articles`` an earlier config tested; pool set
+  "fresh_test"; with ``max_test_lm`` only a seeded subset of the test questions gets an LM
+  pool, and recall is measured on all of them: ``Study.recall_test``).
   Datastore: every SQuAD paragraph (train and dev half) plus the distractors.
 * ``dataset="nq"``: ``folds`` folds by question over the 624 NQ questions with gold passages.
   In fold f the test is the f-th part; ``max_dev`` of the others (seeded) are its dev and the
@@ -36,6 +38,9 @@ class Study:
     pool_sets: dict[str, list[squad.Question]]  # the questions whose pools are scored
     # per fold: split -> (pool set, rows of it)
     folds: list[dict[str, tuple[str, np.ndarray]]]
+    # the test questions whose recall is measured when only some of them get an LM pool
+    # (``max_test_lm``): the pool set's questions are a subset of these
+    recall_test: list[squad.Question] | None = None
 
     def questions(self, fold: int, split: str) -> list[squad.Question]:
         name, rows = self.folds[fold][split]
@@ -80,17 +85,24 @@ def _squad(cfg, retriever, work, distractors, progress) -> Study:
         if not unused or cfg.test_articles <= 0:
             raise ValueError("test_source='unused_train' needs train_articles > 0 (articles "
                              "left unused) and test_articles > 0")
+        if cfg.test_skip_articles:  # the articles an earlier config's draw tested
+            unused = squad.split_articles(unused, cfg.test_skip_articles, cfg.seed + 2)[0]
         test_qs = (unused if cfg.test_articles >= len({q.article for q in unused}) else
                    squad.split_articles(unused, cfg.test_articles, cfg.seed + 2)[1])
         test_set = "fresh_test"
     elif cfg.test_source != "dev":
         raise ValueError(f"test_source must be dev or unused_train, got {cfg.test_source!r}")
+    test_qs = squad.sample_questions(test_qs, cfg.max_test, cfg.seed)
+    recall_test = None
+    if 0 < getattr(cfg, "max_test_lm", 0) < len(test_qs):  # the LM endpoint on a subset
+        recall_test = test_qs
+        test_qs = squad.sample_questions(test_qs, cfg.max_test_lm, cfg.seed + 3)
     sets = {"train": squad.sample_questions(train_qs, cfg.max_train, cfg.seed),
             "dev": squad.sample_questions(dev_qs, cfg.max_dev, cfg.seed),
-            test_set: squad.sample_questions(test_qs, cfg.max_test, cfg.seed)}
+            test_set: test_qs}
     names = {"train": "train", "dev": "dev", "test": test_set}
     fold = {s: (names[s], np.arange(len(sets[names[s]]))) for s in SPLITS}
-    return Study(squad.MergedDatastore(squad_index, distractors), sets, [fold])
+    return Study(squad.MergedDatastore(squad_index, distractors), sets, [fold], recall_test)
 
 
 def _nq(cfg, retriever, work, distractors, progress) -> Study:
