@@ -64,8 +64,7 @@ def initialize_distributed() -> None:
     import os
 
     env = os.environ
-    if not any(v in env for v in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
-                                  "TPU_WORKER_HOSTNAMES")):
+    if not distributed_launch(env):
         return
     # CPU processes need a collectives backend (GPUs and TPUs bring their own)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -79,6 +78,21 @@ def initialize_distributed() -> None:
                                    process_id=int(env["JAX_PROCESS_ID"]))
     else:  # SLURM or a TPU pod: jax finds the cluster itself
         jax.distributed.initialize()
+
+
+def distributed_launch(env) -> bool:
+    """Whether this process is one of several: ``JAX_COORDINATOR_ADDRESS`` set, a TPU pod's
+    workers named, or a SLURM *step* of more than one task (``srun``). An ``salloc`` or
+    ``sbatch`` shell outside ``srun`` has ``SLURM_JOB_ID`` but no step: it is one process,
+    and JAX's SLURM cluster detection would fail there."""
+    if "JAX_COORDINATOR_ADDRESS" in env or "TPU_WORKER_HOSTNAMES" in env:
+        return True
+    if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env:
+        try:
+            return int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or 1) > 1
+        except ValueError:
+            return False
+    return False
 
 
 def make_mesh(num_devices: int | None = None, shape: dict[str, int] | None = None,

@@ -546,3 +546,13 @@ def test_lm_on_its_own_devices_trains_as_on_one(tmp_path):
         if "['key']['bias']" in jax.tree_util.keystr(path):  # zero true gradient: noise
             continue  # (see test_eight_devices_equal_one)
         np.testing.assert_allclose(a, b, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
+def test_remat_defaults_on_for_accelerators_and_off_on_a_cpu():
+    from replug_jax.train.config import LSRConfig
+    from replug_jax.train.lsr import resolve_remat
+
+    assert LSRConfig().remat is None
+    assert resolve_remat(None, "gpu") and resolve_remat(None, "tpu")
+    assert not resolve_remat(None, "cpu")
+    assert resolve_remat(True, "cpu") and not resolve_remat(False, "tpu")

@@ -335,3 +335,32 @@ def test_two_processes_prefetching_from_a_batched_served_lm_equal_one_in_process
                        lm=lm)
     one.run()
     _assert_two_equal_one(tmp_path, one)
+
+
+def test_slurm_starts_distributed_only_inside_a_step_of_several_tasks():
+    from replug_jax.sharding import distributed_launch
+
+    job = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "8"}
+    assert not distributed_launch({})
+    assert not distributed_launch(job)  # an salloc/sbatch shell: no step, one process
+    assert not distributed_launch({**job, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"})
+    assert distributed_launch({**job, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8"})
+    assert distributed_launch({**job, "SLURM_STEP_ID": "0"})  # srun of the job's 8 tasks
+    assert distributed_launch({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
+    assert distributed_launch({"TPU_WORKER_HOSTNAMES": "a,b"})
+
+
+def test_initialize_distributed_is_a_no_op_in_an_salloc_shell(monkeypatch):
+    import jax
+
+    from replug_jax.sharding import initialize_distributed
+
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    monkeypatch.delenv("TPU_WORKER_HOSTNAMES", raising=False)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    called = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: called.append(1))
+    initialize_distributed()
+    assert not called

@@ -307,3 +307,17 @@ def test_gzipped_corpora_stream_and_a_cut_one_is_one_error(tmp_path):
     (tmp_path / "cut.jsonl.gz").write_bytes(cut[: len(cut) // 2])
     with pytest.raises(CorpusError, match="cut.jsonl.gz.*unreadable compressed stream"):
         read_documents(tmp_path / "cut.jsonl.gz")
+
+
+def test_faiss_gpu_placement_sizes_the_index_against_the_free_memory():
+    from replug_jax.retrieval.faiss_index import gpu_placement
+
+    gib = 1 << 30
+    flat_21m = 21_000_000 * 384 * 4  # a 21M x 384 Flat index: 30 GiB
+    # ~20 GiB free on each of 8 GPUs (JAX holds the rest): sharded, 3.75 GiB each
+    mode, report = gpu_placement(flat_21m, [20 * gib] * 8)
+    assert mode == "shard" and "30.04 GiB" in report and "least free 20.00" in report
+    assert gpu_placement(2 * gib, [20 * gib] * 8)[0] == "replicate"
+    assert gpu_placement(flat_21m, [2 * gib] * 8)[0] == "cpu"  # not even sharded
+    assert gpu_placement(flat_21m, None)[0] == "shard"  # unknown free memory: shard
+    assert gpu_placement(flat_21m, [2 * gib] * 8, "replicate")[0] == "replicate"  # as asked

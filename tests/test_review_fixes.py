@@ -1,6 +1,7 @@
 """Regression tests for the review's defects (issue 37): each failed before its fix."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -430,3 +431,17 @@ def test_malformed_score_inputs_are_one_line(content, match, tmp_path, capsys):
     path = tmp_path / "in.jsonl"
     path.write_text(content)
     _one_line_error(capsys, ["score", "--input", str(path), "--mode", "none"], match)
+
+
+def test_no_extra_installs_a_second_faiss_package():
+    """faiss-cpu (a base dependency) and faiss-gpu* both own the module `faiss`: an extra that
+    adds another would leave two packages writing one module."""
+    import re
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    name = lambda req: re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower()  # noqa: E731
+    assert [name(r) for r in project["dependencies"] if "faiss" in r] == ["faiss-cpu"]
+    for extra, reqs in project["optional-dependencies"].items():
+        assert not [r for r in reqs if "faiss" in name(r)], extra

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from replug_jax.cli import index, infer, serve, train
+from replug_jax.cli import index, infer, scale, serve, train
 from replug_jax.cli.common import Parser, setup_jax
 from replug_jax.models.registry import DEFAULT_LM, DEFAULT_RETRIEVER
 
@@ -24,7 +24,7 @@ def build_parser() -> Parser:
         "2024). Retrievers and LMs default to the packaged offline models "
         f"({DEFAULT_RETRIEVER}, {DEFAULT_LM}); any HF folder, hub id or .gguf file works too.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (index, infer, serve, train):
+    for group in (index, infer, scale, serve, train):
         group.add_parsers(sub)
     return parser
 

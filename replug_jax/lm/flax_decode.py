@@ -35,7 +35,8 @@ class EnsembleGeneration:
 class EnsembleDecoding:
     """Mixed into :class:`~replug_jax.lm.flax_scorer.FlaxLM`: ``generate_ensemble``."""
 
-    @partial(jax.jit, static_argnames=("self", "capacity", "k"))
+    # The cache is donated: each program updates it in place, so it is held once, not twice.
+    @partial(jax.jit, static_argnames=("self", "capacity", "k"), donate_argnames=("cache",))
     def _decode(self, state, cache, logp_BV, log_w_GK, pos_B, done_G, rng, sampling_temperature,
                 top_p, n_steps, *, capacity: int, k: int):
         """Up to ``n_steps <= capacity`` coordinated decoding steps in one compiled
@@ -84,11 +85,15 @@ class EnsembleDecoding:
         outs = jax.tree.map(self.place.replicated, outs)  # read back by every process
         return (cache, logp_BV, pos_B, done_G, rng), outs, i
 
-    @partial(jax.jit, static_argnames=("self",))
+    @partial(jax.jit, static_argnames=("self",), donate_argnames=("cache",))
     def _prefill(self, state, tokens_BL, positions_BL, cache):
+        """The prompts (left-padded: every row ends at ``L - 1``) into ``cache``, and the
+        next-token log-probs ``[B, V]``: the head runs on the last position only."""
         with self.place.precision_scope():
-            logits, cache = nnx.merge(self._graphdef, state)(tokens_BL, positions_BL, cache)
-        return jax.nn.log_softmax(logits[:, -1], axis=-1), self.place.constrain_cache(cache)
+            model = nnx.merge(self._graphdef, state)
+            x_BLD, cache = model.hidden(tokens_BL, positions_BL, cache)
+            logits_BV = model.project(x_BLD[:, -1])
+        return jax.nn.log_softmax(logits_BV, axis=-1), self.place.constrain_cache(cache)
 
     def __hash__(self):  # jit's static `self`: identity semantics
         return id(self)

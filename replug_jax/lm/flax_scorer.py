@@ -129,32 +129,8 @@ class FlaxLM(EnsembleDecoding):
         graphdef, state = nnx.split(lm.model)
         self._graphdef = graphdef
         self.state = self.place.shard_state(lm.model, state)
-        place = self.place
-
-        # Rows are right-padded sequences from position 0 (`_pack`): `right_padded` lets a
-        # GPU run fused causal attention.
-        # `start` (static): the vocabulary head runs only from that position on, where the
-        # scored continuations are (the prompt's positions need no logits: a fifth of a small
-        # LM's compute, and most of a long few-shot prompt's head). Returns [B, L - start].
-        def score_fn(state, tokens_BL, positions_BL, targets_BL, start=0):
-            model = nnx.merge(graphdef, state)
-            x_BLD, _ = model.hidden(tokens_BL, positions_BL, right_padded=True)
-            return place.replicated(target_logprobs(model, x_BLD[:, start:],
-                                                    targets_BL[:, start:]))
-
-        def last_fn(state, tokens_BL, positions_BL, last_B):
-            logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL, right_padded=True)
-            rows = jnp.arange(tokens_BL.shape[0])
-            return place.replicated(jax.nn.log_softmax(logits[rows, last_B], axis=-1))
-
-        def topn_fn(state, tokens_BL, positions_BL, n):
-            logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL, right_padded=True)
-            return place.replicated(jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), n))
-
-        self._score_fn = jax.jit(place.traced(score_fn), static_argnames=("start",))
-        self._last_fn = jax.jit(place.traced(last_fn))
-        self._topn_fn = jax.jit(place.traced(topn_fn), static_argnames=("n",))
-        self._prefix_fn, self._suffix_fn = compile_fns(graphdef, lm.config, place)
+        self._score_fn, self._last_fn, self._topn_fn = scoring_programs(graphdef, self.place)
+        self._prefix_fn, self._suffix_fn = compile_fns(graphdef, lm.config, self.place)
 
     @classmethod
     def load(cls, source: str = DEFAULT_LM, dtype: str = "auto", mesh=None,
@@ -341,3 +317,35 @@ class FlaxLM(EnsembleDecoding):
         top = np.argsort(-lp, axis=-1)[:, :n]
         return [{self.tokenizer.decode([int(t)]): float(lp[i, t]) for t in top[i]}
                 for i in range(len(prompts))]
+
+
+def scoring_programs(graphdef, place):
+    """``(score_fn, last_fn, topn_fn)``: the jitted scoring programs of an LM whose module
+    structure is ``graphdef``, placed by ``place`` (:class:`~replug_jax.lm.placement.Placement`);
+    what :class:`FlaxLM` runs and ``replug compile-check`` compiles for a target.
+
+    Rows are right-padded sequences from position 0 (``FlaxLM._pack``): ``right_padded`` lets a
+    GPU run fused causal attention. ``score_fn(state, tokens, positions, targets, start)``:
+    ``start`` (static) is where the vocabulary head begins, where the scored continuations are
+    (the prompt's positions need no logits: a fifth of a small LM's compute, and most of a long
+    few-shot prompt's head); returns ``[B, L - start]`` log-probs."""
+
+    def score_fn(state, tokens_BL, positions_BL, targets_BL, start=0):
+        model = nnx.merge(graphdef, state)
+        x_BLD, _ = model.hidden(tokens_BL, positions_BL, right_padded=True)
+        return place.replicated(target_logprobs(model, x_BLD[:, start:],
+                                                targets_BL[:, start:]))
+
+    def last_fn(state, tokens_BL, positions_BL, last_B):
+        model = nnx.merge(graphdef, state)
+        x_BLD, _ = model.hidden(tokens_BL, positions_BL, right_padded=True)
+        rows = jnp.arange(tokens_BL.shape[0])
+        return place.replicated(jax.nn.log_softmax(model.project(x_BLD[rows, last_B]), axis=-1))
+
+    def topn_fn(state, tokens_BL, positions_BL, n):
+        logits, _ = nnx.merge(graphdef, state)(tokens_BL, positions_BL, right_padded=True)
+        return place.replicated(jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), n))
+
+    return (jax.jit(place.traced(score_fn), static_argnames=("start",)),
+            jax.jit(place.traced(last_fn)),
+            jax.jit(place.traced(topn_fn), static_argnames=("n",)))

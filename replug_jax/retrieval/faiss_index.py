@@ -26,7 +26,6 @@ import re
 import shutil
 from typing import Iterable, Sequence
 
-import jax
 import numpy as np
 
 from replug_jax.fileio import replace_dir
@@ -147,21 +146,63 @@ def build_faiss(source: EmbeddingSource, lo: int, hi: int, factory: str = "Flat"
     return base
 
 
+def gpu_placement(index_bytes: int, free_bytes: Sequence[int] | None, mode: str = "auto"
+                  ) -> tuple[str, str]:
+    """``(placement, report)``: where a FAISS index of ``index_bytes`` (``ntotal ×
+    code_size``) goes on GPUs with ``free_bytes`` free each (None: unknown). ``auto``
+    replicates only what takes at most half of the smallest free memory, shards across the
+    GPUs (FAISS ``IndexShards``) what fits at 80 % of it per GPU, and keeps the rest on the
+    CPU; an unknown free memory shards. ``replicate``/``shard`` are obeyed. The report states
+    the numbers behind the choice."""
+    gib = 1 << 30
+    if free_bytes is None:
+        return ("shard" if mode == "auto" else mode,
+                f"index {index_bytes / gib:.2f} GiB; free GPU memory unknown (no pynvml): "
+                + ("sharded across the GPUs" if mode == "auto" else mode))
+    n, least = len(free_bytes), min(free_bytes)
+    per_shard = -(-index_bytes // n)
+    where = (f"index {index_bytes / gib:.2f} GiB ({per_shard / gib:.2f} per GPU sharded); "
+             f"{n} GPU(s), least free {least / gib:.2f} GiB")
+    if mode != "auto":
+        return mode, f"{where}: {mode} as asked"
+    if index_bytes <= 0.5 * least:
+        return "replicate", f"{where}: replicated on every GPU"
+    if per_shard <= 0.8 * least:
+        return "shard", f"{where}: sharded across the GPUs"
+    return "cpu", f"{where}: does not fit the GPUs, searched on the CPU"
+
+
+def _free_gpu_bytes() -> list[int] | None:
+    """Free memory of each GPU as the driver reports it (what JAX's preallocation left), or
+    None without ``pynvml`` (nvidia-ml-py)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free)
+                for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # noqa: BLE001 — no module, no driver, no permission: unknown
+        return None
+
+
 def _gpu_clone(index, mode: str):
-    """Move a FAISS index to the GPUs when FAISS sees any: ``replicate`` on every GPU when it
-    fits one, ``shard`` across GPUs (FAISS ``IndexShards``) when it does not; ``auto`` picks by
-    the index's bytes against the smallest GPU's memory as JAX reports it."""
+    """Move a FAISS index to the GPUs when FAISS sees any (:func:`gpu_placement` chooses
+    replicated, sharded or kept on the CPU from its size and the GPUs' free memory, and says
+    why once)."""
     import faiss
 
     if mode == "cpu" or faiss.get_num_gpus() == 0:
         return index
-    if mode == "auto":
-        try:
-            limit = min(d.memory_stats()["bytes_limit"] for d in jax.devices("gpu"))
-        except (RuntimeError, KeyError, TypeError):
-            limit = None
-        size = faiss.serialize_index(index).nbytes if limit is not None else 0
-        mode = "shard" if limit is not None and size > 0.6 * limit else "replicate"
+    size = int(index.ntotal) * int(index.sa_code_size())
+    free = _free_gpu_bytes()
+    if free is not None:
+        free = free[:faiss.get_num_gpus()]
+    mode, report = gpu_placement(size, free, mode)
+    import warnings
+
+    warnings.warn(f"FAISS on GPUs: {report}", stacklevel=3)
+    if mode == "cpu":
+        return index
     co = faiss.GpuMultipleClonerOptions()
     co.shard = mode == "shard"
     return faiss.index_cpu_to_all_gpus(index, co)

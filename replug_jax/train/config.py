@@ -79,7 +79,10 @@ class LSRConfig:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
-    remat: bool = False  # recompute encoder activations in the backward pass (less memory)
+    # recompute encoder activations in the backward pass (a third more compute, activation
+    # memory of one layer); None: on for accelerators (64 x 20 passages do not fit a GPU or a
+    # v5e chip without it), off on a CPU
+    remat: bool | None = None
     batch_size: int = 64
     total_steps: int = 25_000
     # index refresh (§4.4)
@@ -125,7 +128,8 @@ class LSRConfig:
             (self.refresh_every > 0, "refresh_every must be positive"),
             (self.checkpoint_every > 0, "checkpoint_every must be positive"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be positive"),
-            (isinstance(self.remat, bool), f"remat must be true or false, got {self.remat!r}"),
+            (self.remat is None or isinstance(self.remat, bool),
+             f"remat must be true, false or null (auto), got {self.remat!r}"),
             (isinstance(self.lm_prefetch, bool),
              f"lm_prefetch must be true or false, got {self.lm_prefetch!r}"),
             (self.refresh_lag < self.refresh_every,

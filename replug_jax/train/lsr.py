@@ -54,6 +54,13 @@ def _entropy(log_p):
     return -jnp.sum(jnp.where(p > 0, p * jnp.where(p > 0, log_p, 0.0), 0.0), axis=-1)
 
 
+def resolve_remat(remat: bool | None, backend: str | None = None) -> bool:
+    """``remat`` as set, or (None) on where the backend is an accelerator."""
+    if remat is not None:
+        return bool(remat)
+    return (backend or jax.default_backend()) != "cpu"
+
+
 def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, pooling: str,
                     normalize: bool):
     """Build the jitted ``train_step`` and a jitted ``scores_fn``.
@@ -70,11 +77,12 @@ def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, p
     step); use the state it returns.
     """
     schedule = make_schedule(cfg)
+    remat = resolve_remat(cfg.remat)
 
     def scores_fn(params, batch):
         encoder = to_module(graphdef, template, params)
         b, k, ld = batch["doc_ids"].shape
-        kw = dict(pooling=pooling, normalize=normalize, remat=cfg.remat)
+        kw = dict(pooling=pooling, normalize=normalize, remat=remat)
         q_BD = embed(encoder, batch["query_ids"], batch["query_mask"], **kw)
         d_ids = batch["doc_ids"].reshape(b * k, ld)
         d_mask = batch["doc_mask"].reshape(b * k, ld)

@@ -1,0 +1,105 @@
+"""``replug compile-check``: every program of a paper-scale run compiled ahead of time for a
+target (a TPU topology from this machine, or the local devices), with its memory per device
+against the chip's (:mod:`replug_jax.compile_check`)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from replug_jax.cli.common import command, emit, mesh_shape, positive_int
+from replug_jax.run_shapes import HELP, Shapes
+
+PROGRAM_GROUPS = ("lm", "retriever")
+
+
+def add_parsers(sub) -> None:
+    d = Shapes()
+    p = command(sub, "compile-check", cmd_compile_check,
+                help="compile a paper-scale run's programs for a target and check each fits",
+                description="Compiles, ahead of time and with nothing allocated, the frozen "
+                            "LM's scoring (whole sequences and the KV-reuse prefix and suffix), "
+                            "prefill and one decode step, and the retriever's LSR step with its "
+                            "update, the exact top-k over a corpus shard and the refresh's "
+                            "encode step, for a TPU topology (with the tpu-compile extra: "
+                            "libtpu answers on a CPU-only machine) or for this machine's "
+                            "devices. Prints per program and device the argument, output, "
+                            "donated, temporary and total bytes against the chip's memory, and "
+                            "XLA's flops and estimated time. Exit status 1 if any does not "
+                            "fit or compile.")
+    p.add_argument("--topology", default="",
+                   help="a TPU topology such as v5e:2x4, v5e:4x4 or v5p:2x2x1 (default: this "
+                        "machine's devices; a GPU target is checked on the GPU host itself)")
+    p.add_argument("--lm-config", type=pathlib.Path, required=True,
+                   help="the LM's HF config.json (or its folder): Llama family, GPT-2 or OPT; "
+                        "experiments/configs/lm_shapes/ holds Llama-2-7B and 70B")
+    p.add_argument("--retriever-config", type=pathlib.Path, default=None,
+                   help="the retriever's BERT config.json (default: BERT-base, the "
+                        "paper's Contriever)")
+    p.add_argument("--mesh", type=mesh_shape, default=None, metavar="AXIS=SIZE,...",
+                   help="the LM's mesh over the target's devices, e.g. model=8 or "
+                        "data=2,model=4 (default: model over every device); the retriever "
+                        "runs data-parallel over the same devices")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="the LM's parameter and activation dtype (default bfloat16)")
+    p.add_argument("--programs", nargs="+", choices=PROGRAM_GROUPS, default=list(PROGRAM_GROUPS),
+                   help="which programs: the LM's, the retriever's, or both (default)")
+    for name in ("lm_batch", "context", "new_tokens", "prefix_len", "suffix_len",
+                 "lsr_batch", "lsr_docs", "query_len", "doc_len", "corpus", "topk_queries",
+                 "k", "encode_batch"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=positive_int,
+                       default=getattr(d, name), help=HELP[name]
+                       + f" (default {getattr(d, name):,})")
+    p.add_argument("--no-remat", action="store_true",
+                   help="compile the LSR step without recomputing encoder activations in the "
+                        "backward pass (the accelerator default is remat on)")
+    p.add_argument("--chip-memory", type=float, default=None, metavar="GIB",
+                   help="memory per device in GiB (default: the TPU's specification, or the "
+                        "local device's allocator limit)")
+    p.add_argument("--headroom", type=float, default=0.1,
+                   help="fraction of the chip kept free for what XLA does not count "
+                        "(the runtime, fragmentation); default 0.1")
+    p.add_argument("--out", type=pathlib.Path, default=None,
+                   help="also write the report as JSON to this file")
+
+
+def cmd_compile_check(args) -> int:
+    from replug_jax import compile_check as cc
+    from replug_jax.fileio import write_json_atomic
+    from replug_jax.lm.memory import read_lm_config
+    from replug_jax.models.bert import BertConfig
+
+    if not 0 <= args.headroom < 1:
+        raise ValueError(f"--headroom must be in [0, 1), got {args.headroom}")
+    lm_cfg = read_lm_config(args.lm_config)
+    if args.retriever_config is not None:
+        path = args.retriever_config
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such config file")
+        bert_cfg = BertConfig.from_hf(json.loads(path.read_text()))
+    else:
+        bert_cfg = BertConfig()
+    devices = cc.target_devices(args.topology or None)
+    mesh = cc.target_mesh(devices, args.mesh or {"model": len(devices)})
+    memory, where = cc.chip_memory(devices, args.chip_memory)
+    shapes = Shapes(**{f: getattr(args, f) for f in HELP})
+    programs = {}
+    if "lm" in args.programs:
+        programs.update(cc.lm_programs(lm_cfg, mesh, args.dtype, shapes))
+    if "retriever" in args.programs:
+        programs.update(cc.retriever_programs(bert_cfg, mesh, shapes,
+                                              remat=not args.no_remat))
+    rows = cc.compile_check(programs, memory, args.headroom, progress=not args.json,
+                            chip=getattr(devices[0], "device_kind", ""))
+    report = {"target": args.topology or f"{len(devices)} local {devices[0].platform} "
+                                          "device(s)",
+              "device_kind": getattr(devices[0], "device_kind", ""),
+              "devices": len(devices), "mesh": dict(mesh.shape), "dtype": args.dtype,
+              "chip_memory_gib": memory / cc.GIB if memory else None, "chip_memory_from": where,
+              "headroom": args.headroom, "shapes": vars(shapes), "programs": rows}
+    if args.out is not None:
+        write_json_atomic(report, args.out)
+    emit(args, report, f"{report['target']} ({report['device_kind']}), mesh "
+         f"{report['mesh']}, {args.dtype}\n" + cc.format_report(rows, memory, where))
+    return 0 if all(r.get("fits", True) and "error" not in r for r in rows.values()) else 1

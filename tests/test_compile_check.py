@@ -1,0 +1,91 @@
+"""``replug compile-check`` (replug_jax/compile_check.py): a run's programs compiled ahead of
+time for a target — a TPU topology through libtpu on this CPU machine, or the local devices —
+with their memory per device against the chip's."""
+
+import importlib.util
+import json
+
+import pytest
+
+from replug_jax.cli import main
+
+TINY_LM = {"model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+           "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2}
+TINY_BERT = {"model_type": "bert", "vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
+SMALL = ["--lm-batch", "8", "--context", "64", "--new-tokens", "8", "--prefix-len", "16",
+         "--suffix-len", "16", "--lsr-batch", "8", "--lsr-docs", "4", "--query-len", "16",
+         "--doc-len", "16", "--corpus", "4096", "--topk-queries", "8", "--k", "4",
+         "--encode-batch", "16"]
+PROGRAMS = {"lm_score", "lm_kv_prefix", "lm_kv_suffix", "prefill", "decode_step", "lsr_step",
+            "topk", "refresh_encode"}
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shapes")
+    (d / "lm.json").write_text(json.dumps(TINY_LM))
+    (d / "bert.json").write_text(json.dumps(TINY_BERT))
+    return d
+
+
+def _run(configs, capsys, *extra) -> tuple[int, dict]:
+    code = main(["compile-check", "--lm-config", str(configs / "lm.json"), "--retriever-config",
+                 str(configs / "bert.json"), "--json", *SMALL, *extra])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_every_program_compiles_for_the_local_devices_and_the_cache_is_donated(configs,
+                                                                                 capsys):
+    code, report = _run(configs, capsys, "--mesh", "data=2,model=4", "--chip-memory", "1")
+    assert code == 0, report
+    rows = report["programs"]
+    assert set(rows) == PROGRAMS
+    assert all("error" not in r and r["fits"] for r in rows.values()), rows
+    # prefill and decode update the KV cache in place: the cache comes in and goes out as one
+    # buffer (donated), so it is held once, not twice
+    cache = 2 * 2 * 8 * 2 * 64 * 32 * 4 / 8  # k and v: [layers, B, J, S, D] f32 over 8 devices
+    for name in ("prefill", "decode_step"):
+        assert rows[name]["donated_gib"] * GIB >= 0.9 * cache, (name, rows[name])
+    # the prefill's head runs on the last position only: no [B, L, V] float32 logits
+    logits = 8 * 56 * 512 * 4 / 2  # rows split over data=2
+    assert rows["prefill"]["temporary_gib"] * GIB < logits
+    assert rows["lsr_step"]["donated_gib"] > 0  # the optimizer state updated in place
+
+
+def test_an_oversized_batch_is_reported_as_not_fitting(configs, capsys):
+    code, report = _run(configs, capsys, "--programs", "lm", "--mesh", "data=2,model=4",
+                        "--chip-memory", "0.05", "--lm-batch", "512", "--context", "256")
+    assert code == 1
+    assert not report["programs"]["lm_score"]["fits"]
+    assert report["programs"]["lm_score"]["fraction_of_chip"] > 0.9
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu absent: install the tpu-compile extra to compile for TPUs")
+def test_compiles_for_a_tpu_topology_from_this_cpu_machine(configs, capsys):
+    code, report = _run(configs, capsys, "--topology", "v5e:2x2", "--mesh", "data=2,model=2")
+    assert code == 0, report
+    assert report["device_kind"] == "TPU v5 lite" and report["devices"] == 4
+    assert report["chip_memory_gib"] == 16
+    rows = report["programs"]
+    assert set(rows) == PROGRAMS and all(r["fits"] for r in rows.values()), rows
+    assert all(r["flops"] > 0 and r["roofline_seconds"] > 0 for r in rows.values())
+    # the same batch against a chip too small for it: reported, exit status 1
+    code, report = _run(configs, capsys, "--topology", "v5e:2x2", "--mesh", "model=4",
+                        "--programs", "lm", "--lm-batch", "131072", "--context", "256")
+    assert code == 1
+    for name in ("lm_score", "prefill"):  # the TPU compiler itself refuses them, and says why
+        row = report["programs"][name]
+        assert not row["fits"] and row["does_not_fit"], row
+        assert row["fraction_of_chip"] > 1 and "RESOURCE_EXHAUSTED" in row["error"]
+
+
+def test_a_topology_without_libtpu_or_unknown_is_one_line(configs, capsys):
+    code = main(["compile-check", "--lm-config", str(configs / "lm.json"), "--topology",
+                 "v9z:7x7"])
+    assert code == 2
+    assert "cannot describe TPU topology 'v9z:7x7'" in capsys.readouterr().err
