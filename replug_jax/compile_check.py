@@ -42,7 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from replug_jax.lm.flax_decode import EnsembleDecoding
 from replug_jax.run_shapes import Shapes
-from replug_jax.sharding import MESH_AXES, logical_sharding, param_shardings
+from replug_jax.sharding import MESH_AXES, MODEL, logical_sharding, mesh_size, param_shardings
 
 GIB = 1 << 30
 
@@ -133,13 +133,18 @@ def lm_programs(cfg, mesh: Mesh, dtype, s: Shapes) -> dict[str, Callable[[], obj
     from replug_jax.lm.kv_reuse import compile_fns
     from replug_jax.lm.placement import CACHE_AXES, Placement
     from replug_jax.models import registry
+    from replug_jax.models.decoder import configure_attention
     from replug_jax.sharding import check_heads
 
     check_heads(cfg.num_heads, mesh, f"{cfg.family} ({cfg.num_heads} heads)")
     dtype = jnp.dtype(dtype)
     place = Placement(mesh, dtype)
-    graphdef, state = abstract_state(
-        lambda: registry.architecture("lm", cfg.family).build(cfg, dtype, nnx.Rngs(0)), mesh)
+    def build():
+        model = registry.architecture("lm", cfg.family).build(cfg, dtype, nnx.Rngs(0))
+        configure_attention(model, mesh_size(mesh, MODEL))  # as FlaxLM does on a mesh
+        return model
+
+    graphdef, state = abstract_state(build, mesh)
     score_fn, _, _ = scoring_programs(graphdef, place)
     prefix_fn, suffix_fn = compile_fns(graphdef, cfg, place)
     b, length = s.lm_batch, s.context

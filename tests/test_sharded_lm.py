@@ -331,3 +331,30 @@ def test_sharded_top_logprobs_of_every_position_equal_one_device(llama_dir, one_
                                             one_device.positions_top_logprobs(seqs, 3)):
         np.testing.assert_allclose(lp_a, lp_b, atol=1e-5)
         np.testing.assert_array_equal(top_a, top_b)
+
+
+def test_fused_attention_only_where_q_k_v_shardings_agree():
+    """cuDNN's fused attention needs q, k and v sharded alike: a model axis that does not
+    divide the kv heads (TinyLlama's 4 at model=8) replicates k and v, and the partitioner
+    refuses at compile time; such layers keep XLA's attention."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from replug_jax.models.decoder import (
+        Attention,
+        CausalLM,
+        DecoderConfig,
+        configure_attention,
+        fused_attention_agrees,
+    )
+
+    assert fused_attention_agrees(4, 1) and fused_attention_agrees(4, 4)
+    assert fused_attention_agrees(8, 2) and not fused_attention_agrees(4, 8)
+    cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                        num_heads=8, num_kv_heads=2, head_dim=4, max_position=32)
+    model = CausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, Attention)]
+    assert len(layers) == 2 and all(m.fused_ok for m in layers)
+    assert not configure_attention(model, 4)
+    assert not any(m.fused_ok for m in layers)
+    assert configure_attention(model, 2) and all(m.fused_ok for m in layers)

@@ -46,6 +46,8 @@ from replug_jax.lm.scorer import (
     CostMeter,
 )
 from replug_jax.models import DEFAULT_LM, LanguageModel, load_lm, target_logprobs
+from replug_jax.models.decoder import configure_attention
+from replug_jax.sharding import MODEL, mesh_size
 from replug_jax.timing import Timer
 
 __all__ = ["FlaxLM", "EnsembleGeneration", "ScoringStats"]
@@ -126,6 +128,8 @@ class FlaxLM(EnsembleDecoding):
         with_special = self.tokenizer("a")["input_ids"]
         without = self.tokenizer("a", add_special_tokens=False)["input_ids"]
         self.bos = with_special[:1] if len(with_special) > len(without) else []
+        if self.place.mesh is not None:  # cuDNN's fused attention where shardings agree
+            configure_attention(lm.model, mesh_size(self.place.mesh, MODEL))
         graphdef, state = nnx.split(lm.model)
         self._graphdef = graphdef
         self.state = self.place.shard_state(lm.model, state)

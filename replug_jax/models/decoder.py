@@ -139,6 +139,7 @@ class Attention(nnx.Module):
         self.k = _linear(d, cfg.num_kv_heads * h, ("embed", "kv_heads"), bias, dtype, rngs)
         self.v = _linear(d, cfg.num_kv_heads * h, ("embed", "kv_heads"), bias, dtype, rngs)
         self.o = _linear(cfg.num_heads * h, d, ("heads", "embed"), bias, dtype, rngs)
+        self.fused_ok = True  # cleared by configure_attention where shardings disagree
 
     def __call__(self, x_BLD, q_pos_BL, kv_cache, lengths_B=None):
         """``lengths_B``: set when there is no cache and each row holds one sequence at
@@ -154,7 +155,8 @@ class Attention(nnx.Module):
         if cfg.position == "rope":
             q_BLHD = rope(q_BLHD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
             k_BLJD = rope(k_BLJD, q_pos_BL, cfg.rope_theta, cfg.rope_llama3)
-        if kv_cache is None and lengths_B is not None and flash_supported(q_BLHD):
+        if (kv_cache is None and lengths_B is not None and self.fused_ok
+                and flash_supported(q_BLHD)):
             try:  # cuDNN checks its own limits (lengths, layouts) as the call is traced
                 out_BLHD = flash_attention(q_BLHD, k_BLJD, v_BLJD, lengths_B, "cudnn")
                 return self.o(out_BLHD.reshape(b, length, -1)), None
@@ -184,6 +186,30 @@ class Attention(nnx.Module):
         out_BJMD = attention(q_BJMD, k_BJSD, v_BJSD, mask_B1MS.reshape(b, 1, r * length, -1))
         out_BLJRD = out_BJMD.reshape(b, j, r, length, hd).transpose(0, 3, 1, 2, 4)
         return self.o(out_BLJRD.reshape(b, length, cfg.num_heads * cfg.head_dim)), new_kv
+
+
+def fused_attention_agrees(num_kv_heads: int, model_axis: int) -> bool:
+    """Whether q, k and v are sharded alike over a mesh's model axis, which cuDNN's fused
+    attention needs (its partitioner refuses, at compile time, q split over heads while k
+    and v are replicated because the axis does not divide the kv heads)."""
+    return model_axis <= 1 or num_kv_heads % model_axis == 0
+
+
+def configure_attention(model: nnx.Module, model_axis: int) -> bool:
+    """Allow fused attention in every attention layer of ``model`` only where the shardings
+    agree on a model axis of ``model_axis`` devices (call before splitting the module);
+    returns whether it stays allowed, and says once when it does not."""
+    import warnings
+
+    ok = fused_attention_agrees(model.cfg.num_kv_heads, model_axis)
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, Attention):
+            module.fused_ok = ok
+    if not ok and jax.default_backend() == "gpu":
+        warnings.warn(f"model axis {model_axis} does not divide the {model.cfg.num_kv_heads} "
+                      "kv heads (replicated): attention runs XLA's kernels, not cuDNN's fused "
+                      "one", stacklevel=2)
+    return ok
 
 
 class MLP(nnx.Module):
