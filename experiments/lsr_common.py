@@ -33,9 +33,13 @@ def variants(cfg) -> list[PoolTrainConfig]:
                 steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                 refresh_every=cfg.refresh_every, eval_every=cfg.eval_every,
                 patience=cfg.patience, eval_temperature=cfg.eval_temperature,
+                **({"tau_grid": tuple(cfg.tau_grid)} if hasattr(cfg, "tau_grid") else {}),
+                select_on=getattr(cfg, "select_on", "pool_loglik"),
                 towers=getattr(cfg, "towers", "shared"), seed=cfg.seed))
     if cfg.shuffled_control and out:  # the first variant again, on Q permuted within pools
-        out.append(dataclasses.replace(out[0], shuffle_q=True))
+        fixed = getattr(cfg, "control_steps", 0)  # a fixed budget: it cannot return the base
+        out.append(dataclasses.replace(out[0], shuffle_q=True, **(
+            {"steps": fixed, "early_stop": False} if fixed else {})))
     return out
 
 

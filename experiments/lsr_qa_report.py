@@ -80,9 +80,18 @@ def release(retriever, params, cfg, chosen: str, rows: dict, payload: dict) -> p
 
 
 def chosen_name(runs: dict) -> str:
-    """The variant with the best dev value (the shuffled-Q control excluded)."""
+    """The variant with the best dev value at its selected step (the shuffled-Q control
+    excluded): dev recall@1 where the runs selected on it, else the dev pool curve."""
     real = {n: r for n, r in runs.items() if "shuffled-Q" not in n}
-    return min(real, key=lambda n: min(c["dev_bpb"] for c in real[n]["curve"]))
+
+    def value(n):
+        r = real[n]
+        if r["config"].get("select_on") == "recall@1":
+            best = next(c for c in r["curve"] if c["step"] == r["best_step"])
+            return -best["dev_recall@1"]
+        return min(c["dev_bpb"] for c in r["curve"])
+
+    return min(real, key=value)
 
 
 def _mean(values) -> float:

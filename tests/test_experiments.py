@@ -324,6 +324,35 @@ def test_lsr_qa_confirmatory_test_on_fresh_articles_reuses_the_trained_study(dat
     assert np.load(work / "tiny" / "pool_fresh_test" / "candidates.npy").shape == (3, 2)
 
 
+def test_lsr_qa_recall_design_selects_at_the_fitted_tau_on_dev_recall(data, tmp_path):
+    """confirm_recall's design on a few questions: the dev curve at the τ fitted at each
+    evaluation, the step chosen by dev recall@1 over the whole datastore (guarded by the dev
+    pool's log-likelihood), the control trained for its fixed budget, recall@1 on every test
+    question while only a subset gets an LM pool, the log-likelihood gating the release."""
+    from experiments import lsr_qa
+
+    out = tmp_path / "out"
+    lsr_qa.main(["--config", "tiny_recall", "--out", str(out), "--no-progress", "--set",
+                 f"workdir={tmp_path / 'work'}"])
+    res = json.loads((out / "lsr_qa" / "tiny_recall.json").read_text())
+    assert res["questions"]["test"] == 2  # the LM endpoint's subset
+    wide = res["recall_test"]
+    assert wide["questions"] == 3 and res["primary"] == wide["vs_base"][res["chosen"]]["1"]
+    assert "recall@1" in res["primary_endpoint"]
+    runs = res["runs"]
+    chosen, control = runs[res["chosen"]], runs[res["chosen"] + "/shuffled-Q control"]
+    for c in chosen["curve"]:
+        assert c["tau"] in (0.1, 1.0) and "dev_recall@1" in c and "dev_loglik" in c
+    base = chosen["curve"][0]
+    best = next(c for c in chosen["curve"] if c["step"] == chosen["best_step"])
+    assert best["dev_loglik"] >= base["dev_loglik"]  # the guard
+    eligible = [c for c in chosen["curve"] if c["dev_loglik"] >= base["dev_loglik"]]
+    assert best["dev_recall@1"] == max(c["dev_recall@1"] for c in eligible)
+    assert control["steps_run"] == 2 and control["best_step"] == 2  # fixed budget, no stop
+    assert res["release_rule"].startswith(("passes", "fails")) and "−0.1 nats" in \
+        res["release_rule"]
+
+
 def test_lsr_qa_nq_folds_test_every_question_once_by_retrievers_never_trained_on_it(
         data, tmp_path):
     """NQ cross-fitted in 2 folds by question: in each fold train, dev and test are disjoint;

@@ -28,7 +28,13 @@ import dataclasses
 
 PRIMARY_ENDPOINT = ("mean gold-answer log-likelihood per question, REPLUG k=4 from the whole "
                     "datastore, τ fitted on dev; chosen LSR variant − base; 95 % CI over "
-                    "test articles")
+                    "test articles (over questions when the study is cross-fitted by "
+                    "question, as NQ is)")
+
+RECALL_ENDPOINT = ("gold-paragraph recall@1 over the whole datastore on every test question; "
+                   "chosen LSR variant − base; 95 % CI clustered by article; gated by the "
+                   "gold-answer log-likelihood (REPLUG k=4, τ fitted on dev) on the questions "
+                   "with an LM pool, whose lower bound must stay above −loglik_margin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +189,17 @@ CONFIGS = {
                                   batch_size=2, eval_every=2, patience=2, tau_grid=(0.1, 1.0),
                                   max_generate=0, lm_max_context=512, bootstrap_resamples=200,
                                   release="", work="tiny"),
+    # CI: the design of confirm_recall (selection on dev recall@1 at the fitted τ, a fixed-
+    # budget control, recall on every test question and the LM endpoint on a subset)
+    "tiny_recall": QAStudyConfig(distractors="enwiki:4", dev_articles=1, train_articles=1,
+                                 max_train=8, max_dev=4, test_source="unused_train",
+                                 test_articles=1, max_test=3, max_test_lm=2, test_pool_size=2,
+                                 pool_size=3, k=2, recall_ks=(1, 2),
+                                 objectives=("kl_retriever_to_lm",), grid=((1.0, 1.0),),
+                                 steps=4, batch_size=2, eval_every=2, patience=2,
+                                 eval_temperature=0.0, select_on="recall@1", control_steps=2,
+                                 primary="recall@1", tau_grid=(0.1, 1.0), max_generate=0,
+                                 lm_max_context=512, bootstrap_resamples=200, release=""),
     "tiny_nq": QAStudyConfig(dataset="nq", folds=2, distractors="enwiki:4", max_train=6,
                              max_dev=2, max_test=8, pool_size=3, k=2, recall_ks=(1, 2),
                              objectives=("kl_retriever_to_lm",), grid=((0.1, 0.1),),

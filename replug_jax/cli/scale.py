@@ -11,6 +11,8 @@ from replug_jax.cli.common import command, emit, mesh_shape, positive_int
 from replug_jax.run_shapes import HELP, Shapes
 
 PROGRAM_GROUPS = ("lm", "retriever")
+LM_PROGRAMS = ("lm_score", "lm_kv_prefix", "lm_kv_suffix", "prefill", "decode_step")
+RETRIEVER_PROGRAMS = ("lsr_step", "topk", "refresh_encode")
 
 
 def add_parsers(sub) -> None:
@@ -42,8 +44,11 @@ def add_parsers(sub) -> None:
                         "runs data-parallel over the same devices")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="the LM's parameter and activation dtype (default bfloat16)")
-    p.add_argument("--programs", nargs="+", choices=PROGRAM_GROUPS, default=list(PROGRAM_GROUPS),
-                   help="which programs: the LM's, the retriever's, or both (default)")
+    p.add_argument("--programs", nargs="+", choices=PROGRAM_GROUPS + LM_PROGRAMS
+                   + RETRIEVER_PROGRAMS, default=list(PROGRAM_GROUPS), metavar="PROGRAM",
+                   help="which programs: lm (all the LM's), retriever (all the retriever's), "
+                        f"or any of {', '.join(LM_PROGRAMS + RETRIEVER_PROGRAMS)} "
+                        "(default: lm retriever)")
     for name in ("lm_batch", "context", "new_tokens", "prefix_len", "suffix_len",
                  "lsr_batch", "lsr_docs", "query_len", "doc_len", "corpus", "topk_queries",
                  "k", "encode_batch"):
@@ -84,12 +89,16 @@ def cmd_compile_check(args) -> int:
     mesh = cc.target_mesh(devices, args.mesh or {"model": len(devices)})
     memory, where = cc.chip_memory(devices, args.chip_memory)
     shapes = Shapes(**{f: getattr(args, f) for f in HELP})
+    wanted = set(args.programs)
+    wanted |= set(LM_PROGRAMS) if "lm" in wanted else set()
+    wanted |= set(RETRIEVER_PROGRAMS) if "retriever" in wanted else set()
     programs = {}
-    if "lm" in args.programs:
+    if wanted & set(LM_PROGRAMS):
         programs.update(cc.lm_programs(lm_cfg, mesh, args.dtype, shapes))
-    if "retriever" in args.programs:
+    if wanted & set(RETRIEVER_PROGRAMS):
         programs.update(cc.retriever_programs(bert_cfg, mesh, shapes,
                                               remat=not args.no_remat))
+    programs = {name: fn for name, fn in programs.items() if name in wanted}
     rows = cc.compile_check(programs, memory, args.headroom, progress=not args.json,
                             chip=getattr(devices[0], "device_kind", ""))
     report = {"target": args.topology or f"{len(devices)} local {devices[0].platform} "

@@ -309,7 +309,15 @@ class PoolTrainConfig:
     refresh_every: int = 250  # re-embed the pools' passages (the paper's index refresh)
     eval_every: int = 250  # dev within-pool bits per byte
     patience: int = 4  # evaluations without a new best dev value before stopping
-    eval_temperature: float = 1.0  # τ of λ at evaluation (§3.2: 1)
+    # τ of λ at evaluation (§3.2: 1); 0: fitted on the dev pool at every evaluation over
+    # tau_grid (the τ an end-to-end test with a fitted τ uses), recorded in the curve
+    eval_temperature: float = 1.0
+    tau_grid: tuple = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)
+    # what selects the step (and early-stops): "pool_loglik" (the dev pool's REPLUG
+    # likelihood) | "recall@1" (``dev_recall`` given to train_on_pool, higher is better; a
+    # step counts only if its dev pool log-likelihood is not below step 0's, the base's)
+    select_on: str = "pool_loglik"
+    early_stop: bool = True  # False: run every step and return the last (a fixed budget)
     shuffle_q: bool = False  # the control: Q permuted within each pool (shuffled_q)
     # "shared": one encoder for queries and documents (the paper's Contriever), documents
     # re-embedded with it every refresh_every steps; "query": only the query tower learns,
@@ -322,6 +330,11 @@ class PoolTrainConfig:
             raise ValueError(MARGINAL_NEEDS_SUM)
         if self.towers not in ("shared", "query"):
             raise ValueError(f"towers must be 'shared' or 'query', got {self.towers!r}")
+        if self.select_on not in ("pool_loglik", "recall@1"):
+            raise ValueError(f"select_on must be 'pool_loglik' or 'recall@1', got "
+                             f"{self.select_on!r}")
+        if self.eval_temperature < 0 or (self.eval_temperature == 0 and not self.tau_grid):
+            raise ValueError("eval_temperature must be > 0, or 0 with a tau_grid to fit")
 
 
 OBJECTIVES = {"kl_retriever_to_lm": ("kl", "retriever_to_lm"),
@@ -347,7 +360,8 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
                   dev_pool: ScoredPool, dev_examples: Sequence[Example], passages_by_id: dict,
                   cfg: PoolTrainConfig, *, progress: bool = True,
                   log: Callable[[dict], None] | None = None,
-                  frozen_docs: dict | None = None) -> dict:
+                  frozen_docs: dict | None = None,
+                  dev_recall: Callable[[object], float] | None = None) -> dict:
     """REPLUG LSR on a pre-scored pool; returns ``{"params", "best_step", "curve",
     "steps_run", "seconds"}``.
 
@@ -363,6 +377,12 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     stops after ``patience`` evaluations without a new best. ``frozen_docs``: the base
     document embeddings by passage id, shared by runs with ``towers="query"`` (each passage
     encoded once for all of them).
+
+    With ``eval_temperature=0`` each evaluation fits τ on the dev pool (``tau_grid``) and the
+    curve is read at it; with ``select_on="recall@1"`` the step with the best
+    ``dev_recall(params)`` (gold passage at rank 1 of the whole datastore) is kept among
+    those whose dev pool log-likelihood is not below the base's; ``early_stop=False`` runs
+    every step and returns the last.
     """
     from tqdm.auto import tqdm
 
@@ -388,16 +408,33 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     doc_params = "same" if cfg.towers == "shared" else None
     frozen = (frozen_docs if frozen_docs is not None else {}) if doc_params is None else None
 
-    def evaluate(params) -> float:
+    if cfg.select_on == "recall@1" and dev_recall is None:
+        raise ValueError("select_on='recall@1' needs dev_recall")
+
+    def evaluate(params) -> dict:
         q, d = embed_pool(retriever, params, dev_pool, dev_examples, passages_by_id,
                           doc_params, frozen)
         s = np.einsum("ed,emd->em", q, d)
-        return bits_per_byte(pool_logliks(dev_pool, s, cfg.k, cfg.eval_temperature),
-                             dev_pool.branches.bytes_N)
+        taus = (cfg.eval_temperature,) if cfg.eval_temperature > 0 else tuple(cfg.tau_grid)
+        lls = [pool_logliks(dev_pool, s, cfg.k, t) for t in taus]
+        best_t = int(np.argmax([float(np.sum(ll)) for ll in lls]))
+        out = {"dev_bpb": bits_per_byte(lls[best_t], dev_pool.branches.bytes_N),
+               "dev_loglik": float(np.mean(lls[best_t])), "tau": float(taus[best_t])}
+        if dev_recall is not None:
+            out["dev_recall@1"] = float(dev_recall(params))
+        return out
+
+    def score(entry: dict, base: dict) -> float:
+        """Lower is better; inf: not eligible (the guard)."""
+        if cfg.select_on == "pool_loglik":
+            return entry["dev_bpb"]
+        if entry["dev_loglik"] < base["dev_loglik"]:
+            return float("inf")
+        return -entry["dev_recall@1"]
 
     t0 = time.perf_counter()
-    curve = [{"step": 0, "dev_bpb": evaluate(params0)}]
-    best = (curve[0]["dev_bpb"], 0, jax.tree.map(np.asarray, params0))
+    curve = [{"step": 0, **evaluate(params0)}]
+    best = (score(curve[0], curve[0]), 0, jax.tree.map(np.asarray, params0))
     since_best = 0
     d_EMD = None
     bar = tqdm(total=cfg.steps, desc=f"LSR on the pool ({cfg.objective})", disable=not progress)
@@ -413,18 +450,22 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
         state, metrics = step_fn(state, batch)
         bar.update(1)
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            value = evaluate(state.params)
-            entry = {"step": step + 1, "dev_bpb": value,
+            entry = {"step": step + 1, **evaluate(state.params),
                      **{k: float(v) for k, v in metrics.items()}}
             curve.append(entry)
             if log is not None:
                 log(entry)
-            if value < best[0]:
+            value = score(entry, curve[0])
+            if not cfg.early_stop:  # a fixed budget: the last step is the result
+                best = (value, step + 1, jax.tree.map(np.asarray, state.params))
+            elif value < best[0]:
                 best, since_best = (value, step + 1, jax.tree.map(np.asarray, state.params)), 0
             else:
                 since_best += 1
                 if since_best >= cfg.patience:
                     break
     bar.close()
-    return {"params": best[2], "best_step": best[1], "best_dev_bpb": best[0], "curve": curve,
-            "steps_run": step + 1, "seconds": time.perf_counter() - t0}
+    chosen = next(c for c in curve if c["step"] == best[1])
+    return {"params": best[2], "best_step": best[1], "best_dev_bpb": chosen["dev_bpb"],
+            "best": chosen, "curve": curve, "steps_run": step + 1,
+            "seconds": time.perf_counter() - t0}
