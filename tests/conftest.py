@@ -7,6 +7,9 @@ import pathlib
 # Must precede the first `import jax` anywhere in the test session.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# With libtpu installed (the tpu-compile extra) every JAX process takes libtpu's lockfile;
+# tests that start processes, and compile-check beside them, must not wait on it.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()

@@ -17,7 +17,7 @@ RETRIEVER_PROGRAMS = ("lsr_step", "topk", "refresh_encode")
 
 def add_parsers(sub) -> None:
     d = Shapes()
-    p = command(sub, "compile-check", cmd_compile_check,
+    p = command(sub, "compile-check", cmd_compile_check, check=_share_libtpu,
                 help="compile a paper-scale run's programs for a target and check each fits",
                 description="Compiles, ahead of time and with nothing allocated, the frozen "
                             "LM's scoring (whole sequences and the KV-reuse prefix and suffix), "
@@ -66,6 +66,14 @@ def add_parsers(sub) -> None:
                         "(the runtime, fragmentation); default 0.1")
     p.add_argument("--out", type=pathlib.Path, default=None,
                    help="also write the report as JSON to this file")
+
+
+def _share_libtpu(args) -> None:
+    """Before JAX loads: libtpu's lockfile would let only one process at a time describe a
+    topology (a second gets ABORTED); compiling for one needs no exclusive chip."""
+    import os
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def cmd_compile_check(args) -> int:
