@@ -8,9 +8,11 @@ A config file defines ``CONFIGS = {"default": <dataclass instance or dict>, "tin
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import json
 import pathlib
+import re
 import typing
 
 
@@ -75,13 +77,32 @@ def apply_overrides(cfg, overrides: typing.Iterable[str]):
         if not sep:
             raise ConfigError(f"override {item!r} is not key=value")
         if key not in fields:
-            raise ConfigError(f"unknown config key {key!r}; known keys: "
-                              f"{', '.join(sorted(fields))}")
+            raise ConfigError(f"unknown config key {key!r}{_nearest(key, fields)}")
         changes[key] = coerce(fields[key], text)
     try:
         return dataclasses.replace(cfg, **changes)
     except ValueError as err:  # the dataclass's own validation
         raise ConfigError(str(err)) from err
+
+
+def _nearest(key: str, names) -> str:
+    """``"; did you mean 'a' or 'b'?"`` (the closest names), or the known names when none is
+    close."""
+    close = difflib.get_close_matches(key, list(names), n=3, cutoff=0.6)
+    if close:
+        return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return f"; known keys: {', '.join(sorted(names))}"
+
+
+def _line(err: BaseException, path: pathlib.Path) -> str:
+    """The line of ``path`` where ``err`` was raised (its traceback's last frame there)."""
+    tb, line = err.__traceback__, "?"
+    while tb is not None:
+        if pathlib.Path(tb.tb_frame.f_code.co_filename) == path.resolve() or \
+                tb.tb_frame.f_code.co_filename == str(path):
+            line = str(tb.tb_lineno)
+        tb = tb.tb_next
+    return line
 
 
 def read_variants(path: str | pathlib.Path) -> dict:
@@ -91,7 +112,21 @@ def read_variants(path: str | pathlib.Path) -> dict:
         raise ConfigError(f"{path}: no such config file")
     spec = importlib.util.spec_from_file_location(f"_replug_cfg_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except TypeError as err:  # a misspelt field: LSRConfig(totl_steps=...)
+        bad = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'",
+                        str(err))
+        cls = bad and next((v for v in vars(module).values() if isinstance(v, type)
+                            and v.__name__ == bad[1] and dataclasses.is_dataclass(v)), None)
+        if cls is None:
+            raise ConfigError(f"{path}:{_line(err, path)}: {err}") from None
+        raise ConfigError(f"{path}:{_line(err, path)}: {bad[1]} has no field {bad[2]!r}"
+                          f"{_nearest(bad[2], [f.name for f in dataclasses.fields(cls)])}"
+                          ) from None
+    except (SyntaxError, NameError, AttributeError, ValueError, ImportError) as err:
+        line = err.lineno if isinstance(err, SyntaxError) else _line(err, path)
+        raise ConfigError(f"{path}:{line}: {type(err).__name__}: {err}") from None
     configs = getattr(module, "CONFIGS", None)
     if not isinstance(configs, dict):
         raise ConfigError(f"{path}: defines no CONFIGS dict")
@@ -108,9 +143,11 @@ def select(configs: dict, variant: str, overrides: typing.Iterable[str] = (), *,
     if isinstance(cfg, dict):
         if cls is None:
             raise ConfigError(f"{where}{variant}: a dict variant needs a config class")
-        unknown = set(cfg) - {f.name for f in dataclasses.fields(cls)}
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(cfg) - set(names))
         if unknown:
-            raise ConfigError(f"{where}{variant}: unknown config key(s) {sorted(unknown)}")
+            raise ConfigError(f"{where}{variant}: unknown config key {unknown[0]!r}"
+                              f"{_nearest(unknown[0], names)}")
         try:
             cfg = cls(**cfg)
         except ValueError as err:

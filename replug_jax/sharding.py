@@ -176,19 +176,22 @@ def logical_spec(logical: tuple, shape: tuple[int, ...], mesh: Mesh, *,
     axes absent from ``mesh`` are dropped, and a dimension they do not divide is replicated
     (warned once per logical axis and size)."""
     rules = dict(LOGICAL_RULES)
-    spec = []
+    spec, used = [], set()
     for name, size in zip(logical, shape):
         if name is None:
             spec.append(None)
             continue
         if name not in rules:
             raise KeyError(f"logical axis {name!r} of {what} is not in LOGICAL_RULES")
+        # a mesh axis splits one dimension at most: a second dimension mapped to it (OPT's
+        # ("embed", "embed") projections) is replicated along it
         targets = tuple(a for a in (rules[name] or ()) if a in mesh.shape and
-                        mesh.shape[a] > 1)
+                        mesh.shape[a] > 1 and a not in used)
         n = math.prod(mesh.shape[a] for a in targets)
         if targets and size % n:
             _warn_replicated(name, size, n)
             targets = ()
+        used.update(targets)
         spec.append(None if not targets else targets[0] if len(targets) == 1 else targets)
     return PartitionSpec(*spec)
 

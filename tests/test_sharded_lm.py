@@ -358,3 +358,43 @@ def test_fused_attention_only_where_q_k_v_shardings_agree():
     assert not configure_attention(model, 4)
     assert not any(m.fused_ok for m in layers)
     assert configure_attention(model, 2) and all(m.fused_ok for m in layers)
+
+
+@pytest.mark.parametrize("mesh_shape", [{"fsdp": 2}, {"fsdp": 2, "model": 4},
+                                        {"data": 2, "fsdp": 4}, {"fsdp": 8}])
+def test_no_parameter_maps_two_dimensions_to_one_mesh_axis(mesh_shape):
+    """Every architecture (Llama, GPT-2, OPT, OPT-350m's narrower embedding with its
+    ("embed", "embed") projections) on meshes with fsdp: a PartitionSpec naming a mesh axis
+    twice is a DuplicateSpecError at load; the second dimension is replicated instead."""
+    import math
+
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from replug_jax.lm.memory import lm_memory
+    from replug_jax.models import registry
+    from replug_jax.models.decoder import DecoderConfig
+    from replug_jax.sharding import param_shardings
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+                num_heads=4, num_kv_heads=4, head_dim=8, max_position=32)
+    configs = [DecoderConfig(**base, family="llama"),
+               DecoderConfig(**base, family="gpt2", norm="layer", mlp="gelu_tanh",
+                             position="learned", attn_bias=True, mlp_bias=True),
+               DecoderConfig(**base, family="opt", norm="layer", mlp="relu",
+                             position="learned", position_offset=2, attn_bias=True,
+                             mlp_bias=True, embed_dim=16, norm_position="post",
+                             final_norm=False)]
+    names = tuple(a for a in ("data", "fsdp", "model") if a in mesh_shape)
+    mesh = jax.sharding.AbstractMesh(tuple(mesh_shape[a] for a in names), names)
+    for cfg in configs:
+        abstract = nnx.eval_shape(lambda: registry.architecture("lm", cfg.family).build(
+            cfg, jnp.float32, nnx.Rngs(0)))
+        for path, sharding in param_shardings(nnx.to_flat_state(nnx.split(abstract)[1]),
+                                              mesh).items():
+            axes_used = [a for part in sharding.spec if part is not None
+                         for a in ((part,) if isinstance(part, str) else part)]
+            assert len(axes_used) == len(set(axes_used)), (cfg.family, path, sharding.spec)
+        plan = lm_memory(cfg, mesh_shape, "float32", batch=8, context=16)
+        assert plan["parameters_bytes"] * math.prod(mesh_shape.values()) >= \
+            plan["parameters_total_gib"] * (1 << 30) * 0.999  # no kernel split twice
