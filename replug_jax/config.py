@@ -47,7 +47,8 @@ def coerce(field: dataclasses.Field, text: str):
             return True
         if text.lower() == "false":
             return False
-        raise ConfigError(f"{field.name} must be true or false, got {text!r}")
+        raise ConfigError(f"{field.name} must be true or false"
+                          + (" or null" if optional else "") + f", got {text!r}")
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
