@@ -206,3 +206,31 @@ def test_fuzzed_bodies_never_give_a_500_or_kill_the_server(fuzz_server, body):
                    headers={"content-type": "application/json"}, timeout=120)
     assert r.status_code < 500, (body, r.status_code, r.text[:300])
     assert httpx.get(f"{fuzz_server.url}/health").json()["status"] == "ok"
+
+
+@pytest.mark.models
+def test_unseeded_samples_differ_and_an_explicit_seed_zero_repeats(lm):
+    """`seed` absent: every sampled request gets its own stream (not seed 0 for all); an
+    explicit seed 0 is a seed, and repeats."""
+    body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0}
+    with Server(lm, ServeLimits(max_batch=1)) as srv:
+        unseeded = {srv.post(body).json()["choices"][0]["text"] for _ in range(4)}
+        seeded = {srv.post({**body, "seed": 0}).json()["choices"][0]["text"] for _ in range(2)}
+    assert len(unseeded) > 1
+    assert len(seeded) == 1
+
+
+@pytest.mark.models
+def test_an_empty_prompt_without_a_bos_token_is_refused_everywhere(lm):
+    """SmolLM2 has no BOS token: an empty prompt would be conditioned on the padding token
+    (`<|im_end|>`), which nobody sent."""
+    assert not lm.bos
+    with pytest.raises(ValueError, match="empty prompt"):
+        lm.next_token_logprobs([""])
+    with pytest.raises(ValueError, match="empty prompt"):
+        lm.generate_ensemble([[""]], np.zeros((1, 1), np.float32), max_new_tokens=2)
+    with Server(lm, ServeLimits()) as srv:
+        r = srv.post({"prompt": "", "max_tokens": 4})
+        assert r.status_code == 400 and "empty" in r.json()["error"]["message"]
+        r = srv.post({"prompt": ["fine", ""], "max_tokens": 0, "echo": True, "logprobs": 1})
+        assert r.status_code == 400

@@ -117,6 +117,11 @@ class EnsembleDecoding:
         if any(len(p) != k for p in prompts) or len(prompts) != g:
             raise ValueError(f"prompts must be {g} groups of {k} branches")
         flat = [self.bos + self.encode(p) for group in prompts for p in group]
+        empty = [i for i, seq in enumerate(flat) if not seq]
+        if empty:
+            raise ValueError(f"cannot generate after an empty prompt (prompt {empty[0] // k}, "
+                             f"branch {empty[0] % k}) on a model without a BOS token: give it "
+                             "some text")
         limit = self.lm.config.max_position
         for i, seq in enumerate(flat):  # each request on its own (bucketing pads only slots)
             if len(seq) + max_new_tokens > limit:

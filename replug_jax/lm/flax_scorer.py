@@ -212,9 +212,7 @@ class FlaxLM(EnsembleDecoding):
         """``log p(cont_t | prefix, cont_<t)`` for token-id pairs, batched and bucketed; a
         prefix shared by several pairs (a passage retrieved for several queries) is computed
         once (``kv_reuse``)."""
-        if any(len(p) == 0 for p in prefixes):
-            raise ValueError("cannot score a continuation after an empty prompt on a model "
-                             "without a BOS token")
+        refuse_empty(prefixes, "score a continuation after")
         seqs = [list(p) + list(c) for p, c in zip(prefixes, continuations)]
         prompt_lens = [len(p) for p in prefixes]
         for s in seqs:
@@ -277,6 +275,7 @@ class FlaxLM(EnsembleDecoding):
                 for (a, c), lp in zip(pairs, logps)]
 
     def next_token_logprobs_ids(self, prefixes: Sequence[list[int]]) -> np.ndarray:
+        refuse_empty(prefixes, "predict the next token of")
         out = np.zeros((len(prefixes), self.lm.config.vocab_size), np.float32)
         lengths = [len(p) for p in prefixes]
         with Timer() as t:
@@ -353,3 +352,12 @@ def scoring_programs(graphdef, place):
     return (jax.jit(place.traced(score_fn), static_argnames=("start",)),
             jax.jit(place.traced(last_fn)),
             jax.jit(place.traced(topn_fn), static_argnames=("n",)))
+
+
+def refuse_empty(prefixes: Sequence[Sequence[int]], what: str) -> None:
+    """An empty prompt on an LM without a BOS token leaves nothing to condition on (padding
+    would stand in for a token nobody sent): one line, before any work."""
+    empty = [i for i, p in enumerate(prefixes) if len(p) == 0]
+    if empty:
+        raise ValueError(f"cannot {what} an empty prompt (prompt {empty[0]}) on a model "
+                         "without a BOS token: give it some text")

@@ -169,7 +169,8 @@ def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
         g = lm.generate_ensemble(rows, np.zeros((len(rows), 1), np.float32),
                                  max_new_tokens=req0.max_tokens,
                                  sampling_temperature=max(req0.temperature, 0.0), top_p=req0.top_p,
-                                 stop=stop, seed=req0.seed or 0)
+                                 stop=stop, seed=req0.seed if req0.seed is not None
+                                 else secrets.randbits(32))  # unseeded: a fresh stream
         for n, (j, i, _) in enumerate(flat):
             gen[j, i] = (g.token_ids[n], g.texts[n],
                          "stop" if g.stopped_by[n] in ("eos", "stop") else "length")
@@ -282,7 +283,10 @@ def create_app(lm: "FlaxLM", model_name: str | None = None, *,
     def complete(req) -> dict[str, Any]:
         prompts = validate(req, lm, limits)
         encoded = [tokens_with_offsets(lm, prompt) for prompt in prompts]  # once per prompt
-        for ids, _, _ in encoded:
+        for i, (ids, _, _) in enumerate(encoded):
+            if not lm.bos and not ids:  # nothing to condition on: not the padding token
+                raise RequestError(400, f"prompt {i} is empty and this model has no BOS token "
+                                   "to condition on: send some text")
             if len(lm.bos) + len(ids) + req.max_tokens > lm.max_context:
                 raise RequestError(400, f"prompt of {len(ids)} tokens plus max_tokens exceeds "
                                    f"the context of {lm.max_context}")
