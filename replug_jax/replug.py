@@ -113,7 +113,14 @@ class Replug:
     # -- retrieval and branches -----------------------------------------------------------------
 
     def settings(self, mode: str, k: int) -> dict:
-        return {"mode": mode, "k": k, "retrieval_temperature": self.retrieval_temperature,
+        """What a result was computed with; ``k`` is the number of documents used (at most
+        the index's passages: a larger request is kept as ``k_requested``, with a note)."""
+        used = {"k": k}
+        if self.index is not None and mode != "none" and k > len(self.index):
+            used = {"k": len(self.index), "k_requested": k,
+                    "note": f"k={k} asked, but the index holds {len(self.index)} passages: "
+                            f"all {len(self.index)} were used"}
+        return {"mode": mode, **used, "retrieval_temperature": self.retrieval_temperature,
                 "retrieval_temperature_source": self.retrieval_temperature_source,
                 "separator": self.separator, "lm": getattr(self.lm, "name", "?"),
                 # an in-process LM's dtype, matmul precision, mesh and backend

@@ -47,7 +47,15 @@ def test_index_build_search_and_score(tmp_path, capsys):
     index = tmp_path / "idx"
     assert main(["index", "build", "--corpus", str(corpus), "--out", str(index), "--json"]) == 0
     built = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert built["n"] == 3 and built["truncated_passages"] == 0
+    assert built["n"] == 3 and built["truncated_passages"] == 0 and built["notes"] == []
+    # an empty text is not dropped without a word: the summary names its line
+    gaps = tmp_path / "gaps.jsonl"
+    gaps.write_text(corpus.read_text().replace('{"id": "1"', '{"id": "x", "text": ""}\n{"id": "1"'))
+    assert main(["index", "build", "--corpus", str(gaps), "--out", str(tmp_path / "g"),
+                 "--json"]) == 0
+    noted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert noted["n"] == 3 and noted["notes"] == [
+        f"{gaps}: skipped 1 record(s) with empty text (line 2): not indexed"]
     assert main(["index", "search", str(index), "Where does the Zorblat flow?", "-k", "2",
                  "--json"]) == 0
     hit = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -61,6 +69,10 @@ def test_index_build_search_and_score(tmp_path, capsys):
     summary = lines[-1]["summary"]
     assert summary["num_tokens"] > 0 and summary["bits_per_byte"] > 0
     assert lines[-1]["settings"]["k"] == 2
+    # k above the corpus: the k used is reported, and the one asked for, with a note
+    assert main(["score", "--index", str(index), "--input", str(inp), "-k", "10", "--json"]) == 0
+    over = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["settings"]
+    assert over["k"] == 3 and over["k_requested"] == 10 and "holds 3 passages" in over["note"]
     assert main(["score", "--baseline", "none", "--input", str(inp), "--json"]) == 0
     none = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
     assert none["loglik"] < summary["loglik"]

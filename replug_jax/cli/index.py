@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import shutil
+import warnings
 
 from replug_jax.cli.common import (
     command,
@@ -41,9 +42,15 @@ def cmd_build(args) -> int:
     partial = pathlib.Path(args.out).with_name(pathlib.Path(args.out).name + ".partial")
     fresh = not partial.exists()
     try:
-        passages = corpus_store(args.corpus, args.out, chunk_unit=args.chunk_unit,
-                                chunk_size=args.chunk_size, overlap=args.overlap,
-                                tokenizer=retriever.model.tokenizer, progress=not args.json)
+        with warnings.catch_warnings(record=True) as caught:  # repeated in the summary
+            warnings.simplefilter("always")
+            passages = corpus_store(args.corpus, args.out, chunk_unit=args.chunk_unit,
+                                    chunk_size=args.chunk_size, overlap=args.overlap,
+                                    tokenizer=retriever.model.tokenizer,
+                                    progress=not args.json)
+        notes = [str(w.message) for w in caught]
+        for note in notes:
+            warnings.warn(note, stacklevel=1)
         index = build_index(
             passages, retriever, args.out, factory=args.factory, nprobe=args.nprobe,
             embeddings=args.embeddings, num_shards=args.shards,
@@ -62,10 +69,12 @@ def cmd_build(args) -> int:
     m = index.manifest
     seconds = time.perf_counter() - t0
     size = sum(f["size"] for f in m["files"].values())
-    emit(args, {"out": str(args.out), "seconds": round(seconds, 2), "bytes": size, **m},
+    emit(args, {"out": str(args.out), "seconds": round(seconds, 2), "bytes": size,
+                "notes": notes, **m},
          f"indexed {m['n']} passages (dim {m['dim']}, {m['factory']}, {len(m['shards'])} "
          f"shard(s), {m['truncated_passages']} truncated) -> {args.out}: "
-         f"{size / 2**20:.1f} MiB in {seconds:.1f} s" + describe(m))
+         f"{size / 2**20:.1f} MiB in {seconds:.1f} s" + describe(m)
+         + "".join(f"\nnote: {n}" for n in notes))
     return 0
 
 

@@ -124,7 +124,7 @@ def _lines(path: pathlib.Path, f) -> Iterator[bytes]:
 
 
 def _iter_documents(path: pathlib.Path) -> Iterator[Document]:
-    skipped = 0
+    skipped, where = 0, []  # where: the first few skipped rows (lines, or parquet rows)
     suffix, _ = _kind(path)
     if suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -138,6 +138,7 @@ def _iter_documents(path: pathlib.Path) -> Iterator[Document]:
             for j, text in enumerate(cols["text"]):
                 if not str(text or "").strip():
                     skipped += 1
+                    where += [f"row {row + j}"] if len(where) < 5 else []
                 else:
                     doc_id = cols["id"][j] if "id" in cols else row + j
                     yield Document(str(doc_id), str(text), str((cols.get("title") or
@@ -167,13 +168,16 @@ def _iter_documents(path: pathlib.Path) -> Iterator[Document]:
                                           f"{type(rec['text']).__name__}")
                     if not (rec["text"] or "").strip():  # null or blank
                         skipped += 1
+                        where += [f"line {lineno}"] if len(where) < 5 else []
                         continue
                     yield Document(document_id(rec, lineno), rec["text"],
                                    str(rec.get("title") or ""))
                 else:
                     yield Document(str(lineno), text)
     if skipped:
-        warnings.warn(f"{path}: skipped {skipped} record(s) with empty text", stacklevel=2)
+        warnings.warn(f"{path}: skipped {skipped} record(s) with empty text ("
+                      + ", ".join(where) + (", ..." if skipped > len(where) else "")
+                      + "): not indexed", stacklevel=2)
 
 
 def _iter_tsv(path: pathlib.Path) -> Iterator[Document]:
