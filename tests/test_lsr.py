@@ -556,3 +556,38 @@ def test_remat_defaults_on_for_accelerators_and_off_on_a_cpu():
     assert resolve_remat(None, "gpu") and resolve_remat(None, "tpu")
     assert not resolve_remat(None, "cpu")
     assert resolve_remat(True, "cpu") and not resolve_remat(False, "tpu")
+
+
+def test_gold_doc_names_a_passage_id_or_the_corpus_s_own_document_id(tmp_path):
+    """An int names a passage (``#id``), a string the corpus's own document id (every passage
+    cut from it counts); a value naming no passage is refused, not scored as recall 0."""
+    from replug_jax.retrieval.store import PassageStore
+    from replug_jax.train.data import resolve_gold
+
+    store = PassageStore.from_passages([
+        Passage(0, "a1", source_id="doc-a"), Passage(1, "a2", source_id="doc-a"),
+        Passage(2, "b", source_id="doc-b")])
+    got = resolve_gold([Example("x", "q", "c", " y", gold_doc="doc-a"),
+                        Example("y", "q", "c", " y", gold_doc=2),
+                        Example("z", "q", "c", " y")], store)
+    assert [e.gold_doc for e in got] == [(0, 1), (2,), None]
+    with pytest.raises(ValueError, match="gold_doc 'doc-c' is no document id of the corpus"):
+        resolve_gold([Example("x", "q", "c", " y", gold_doc="doc-c")], store)
+    with pytest.raises(ValueError, match="gold_doc 7 is no passage id of the corpus"):
+        resolve_gold([Example("x", "q", "c", " y", gold_doc=7)], store)
+    # the trainer: recall of string ids equals recall of the same passages' int ids
+    named = [dataclasses.replace(e, gold_doc=str(e.gold_doc)) for e in TRAIN]
+    docs = [dataclasses.replace(p, source_id=str(p.id)) for p in PASSAGES]
+    cfg = dataclasses.replace(BASE, total_steps=2)
+    a = LSRTrainer(cfg, tmp_path / "ints", retriever=tiny_retriever(0), lm_scorer=tiny_lm(0),
+                   passages=docs, train=TRAIN, progress=False)
+    b = LSRTrainer(cfg, tmp_path / "strs", retriever=tiny_retriever(0), lm_scorer=tiny_lm(0),
+                   passages=docs, train=named, progress=False)
+    a.run(), b.run()
+    assert [r["gold_in_topk"] for r in _log(a)] == [r["gold_in_topk"] for r in _log(b)]
+    assert any(r["gold_in_topk"] > 0 for r in _log(b))
+    ra, rb = a.evaluate(a.train[:8]), b.evaluate(b.train[:8])
+    assert ra["recall@5"] == rb["recall@5"] > 0 and ra["recall@1"] == rb["recall@1"]
+    with pytest.raises(ValueError, match="is no document id"):
+        LSRTrainer(BASE, tmp_path / "bad", retriever=tiny_retriever(0), lm_scorer=tiny_lm(0),
+                   passages=PASSAGES, train=named, progress=False)

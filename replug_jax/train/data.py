@@ -25,7 +25,10 @@ class Example:
     query: str  # the retrieval query
     context: str  # the LM input that follows the document
     continuation: str  # the ground truth y
-    gold_doc: int | None = None  # passage id, when known (QA with gold passages)
+    # the gold passage, when known (QA with gold passages): an int is a passage id, a string
+    # the corpus's own document id (every passage cut from it counts); resolve_gold makes
+    # both a tuple of passage ids
+    gold_doc: int | str | tuple[int, ...] | None = None
     source_id: str | None = None  # the document the example was cut from (lm task)
     span: tuple[int, int] | None = None  # its characters in that document (leakage filter)
 
@@ -91,4 +94,42 @@ def batch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
         epoch, offset = divmod(pos, n)
         perm = np.random.default_rng([seed, epoch]).permutation(n)
         out[j] = perm[offset]
+    return out
+
+
+def resolve_gold(examples: Sequence[Example], store) -> list[Example]:
+    """``examples`` with every ``gold_doc`` as the tuple of passage ids it names in ``store``
+    (a :class:`~replug_jax.retrieval.store.PassageStore`): an int is a passage id (what
+    ``replug index search`` prints as ``#id``), a string the corpus's own document id (printed
+    beside it; every passage cut from that document counts). A value that names no passage is
+    refused in one line, rather than scoring recall 0 before and after training."""
+    named = {e.gold_doc for e in examples if isinstance(e.gold_doc, str)}
+    by_source: dict[str, list[int]] = {}
+    if named:  # one pass over the store, only when documents are named
+        for p in store:
+            if p.source_id in named:
+                by_source.setdefault(p.source_id, []).append(p.id)
+    out = []
+    for e in examples:
+        g = e.gold_doc
+        if g is None or isinstance(g, tuple):
+            out.append(e)
+            continue
+        if isinstance(g, bool) or not isinstance(g, (int, str)):
+            raise ValueError(f"example {e.id!r}: gold_doc must be a passage id (an integer) or "
+                             f"a document id of the corpus (a string), got {g!r}")
+        if isinstance(g, str):
+            ids = by_source.get(g)
+            if not ids:
+                raise ValueError(f"example {e.id!r}: gold_doc {g!r} is no document id of the "
+                                 "corpus (an integer names a passage id instead)")
+        else:
+            try:
+                store.rows_of([g])
+            except KeyError:
+                raise ValueError(f"example {e.id!r}: gold_doc {g} is no passage id of the "
+                                 f"corpus ({len(store)} passages; a string names a document "
+                                 "id instead)") from None
+            ids = [g]
+        out.append(dataclasses.replace(e, gold_doc=tuple(ids)))
     return out

@@ -34,7 +34,7 @@ from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import host_copy, local_rows, make_mesh, replicate, shard_batch
 from replug_jax.train.checkpoint import Checkpoints
 from replug_jax.train.config import LSRConfig
-from replug_jax.train.data import Example, batch_indices
+from replug_jax.train.data import Example, batch_indices, resolve_gold
 from replug_jax.train.prefetch import Prefetcher
 from replug_jax.models.params import split_params, to_module
 from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
@@ -106,7 +106,7 @@ class LSRTrainer:
         self.store = (passages if isinstance(passages, PassageStore)
                       else PassageStore.from_passages(passages))
         self.by_id = self.store  # passages by id, read from the store when asked for
-        self.train, self.dev = list(train), list(dev)
+        self.train, self.dev = resolve_gold(train, self.store), resolve_gold(dev, self.store)
         # The leakage filter: passages an example must never retrieve (its own window).
         spanned = [e for e in self.train + self.dev if e.span is not None]
         self.exclusions = {e.id: ex for e, ex in zip(
@@ -223,8 +223,8 @@ class LSRTrainer:
         batch = {"query_ids": q_ids, "query_mask": q_mask,
                  "doc_ids": d_ids.reshape(b, k, -1), "doc_mask": d_mask.reshape(b, k, -1),
                  "doc_valid": hits.ids >= 0, "lm_scores": scores}
-        gold = [e.gold_doc for e in examples]
-        found = [g in row for g, row in zip(gold, hits.ids)]
+        found = [bool(set(e.gold_doc or ()) & set(row.tolist()))
+                 for e, row in zip(examples, hits.ids)]
         if self.pcount > 1:  # the batch-wide numbers, identical on every process
             from jax.experimental import multihost_utils as mh
 
@@ -233,7 +233,7 @@ class LSRTrainer:
             lm_seconds = float(np.max(mh.process_allgather(np.array([lm_seconds]))))
         info = {"lm_new_pairs": new, "lm_seconds": lm_seconds,
                 "gold_in_topk": float(np.mean(found))
-                if all(g is not None for g in gold) else None}
+                if all(e.gold_doc is not None for e in examples) else None}
         return batch, info
 
     def step_examples(self, step: int) -> tuple[list[Example], list[Example]]:
@@ -403,16 +403,17 @@ class LSRTrainer:
         the index of those parameters; after the last, that of the last refresh, as training
         retrieved), never a re-embedded copy of the corpus."""
         k = k or self.cfg.k
+        examples = resolve_gold(examples, self.store)
         params = host_copy(self.state.params)
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
         hits = _quietly(self.index.search, queries, max(k, 5),
                         self._excluded(examples))  # recall@5
         out = {"examples": len(examples)}
-        gold = [e.gold_doc for e in examples]
+        gold = [set(e.gold_doc) if e.gold_doc is not None else None for e in examples]
         if all(g is not None for g in gold):
             for r in sorted({1, 5, k}):
-                out[f"recall@{r}"] = float(np.mean([g in row[:r] for g, row in
-                                                    zip(gold, hits.ids)]))
+                out[f"recall@{r}"] = float(np.mean([bool(g & set(row[:r].tolist()))
+                                                    for g, row in zip(gold, hits.ids)]))
         top_k = hits.ids[:, :k]
         scores, _ = lm_scores(examples, top_k, self.by_id, self.lm, self.cache,
                               self.cfg.separator, self.cfg.lm_score)
