@@ -164,3 +164,31 @@ def test_an_export_does_not_bake_the_tokenizers_padding_into_its_files(tmp_path)
     assert saved["truncation"] is None and saved["padding"] is None
     np.testing.assert_allclose(retriever.encode_queries(TEXTS),  # encoding is unchanged
                                tiny_retriever(0).encode_queries(TEXTS), atol=1e-6)
+
+
+@pytest.mark.torch
+def test_both_clients_cut_long_inputs_alike(tmp_path):
+    """The export states the lengths and sides it was trained with (sentence_bert_config.json,
+    the tokenizer's truncation side): sentence-transformers and Retriever.load give the same
+    embedding for inputs of any length, beyond the limits too (queries keep their end,
+    passages their start)."""
+    st = pytest.importorskip("sentence_transformers")
+    from replug_jax.models.params import split_params, to_module
+    from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.train.export import write_two_towers
+
+    base, trained = tiny_retriever(0), tiny_retriever(1)
+    graphdef, template, params = split_params(trained.model.encoder)
+    query = dataclasses.replace(base.model, encoder=to_module(graphdef, template, params))
+    out = write_two_towers(query, base.model, tmp_path / "short", {
+        "similarity": "cosine", "query_max_length": 12, "doc_max_length": 16,
+        "trained_from": "tiny"}, "# card\n")
+    assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 12
+    rng = np.random.default_rng(0)
+    words = "river town bridge market bell copper lighthouse north old stone".split()
+    texts = [" ".join(rng.choice(words, n)) for n in rng.integers(1, 60, 12)]
+    ours = Retriever.load(str(out))
+    for folder, mine in ((out, ours.encode_queries(texts)),
+                         (out / "passage_encoder", ours.encode_passages(texts))):
+        theirs = st.SentenceTransformer(str(folder), device="cpu").encode(texts)
+        np.testing.assert_allclose(theirs, mine, atol=F16)

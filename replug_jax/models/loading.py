@@ -109,10 +109,14 @@ def load_retriever(source: str = DEFAULT_RETRIEVER, *, pooling: str | None = Non
 
 def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
                      extra_files: dict[str, str] | None = None, *,
-                     dtype: str = "float32") -> pathlib.Path:
+                     dtype: str = "float32", max_length: int | None = None,
+                     truncation_side: str = "right") -> pathlib.Path:
     """Write ``retriever`` in HF layout so ``transformers.BertModel.from_pretrained`` and
     ``sentence_transformers.SentenceTransformer`` load it, weights in ``dtype`` (float32 or
-    float16, a release's size).
+    float16, a release's size). ``max_length`` and ``truncation_side`` (tokens, with [CLS]
+    and [SEP]; ``left`` keeps the end) are how it was trained to cut its inputs: written to
+    ``sentence_bert_config.json`` and the tokenizer's config, so sentence-transformers cuts a
+    long input as :class:`~replug_jax.retrieval.encoder.Retriever` does.
 
     Files are written to a temporary sibling folder and renamed into place, so a crash never
     leaves a half-written checkpoint under ``out_dir``.
@@ -135,7 +139,17 @@ def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
     # a release must not bake that in (transformers sets both again on every call)
     retriever.tokenizer.backend_tokenizer.no_truncation()
     retriever.tokenizer.backend_tokenizer.no_padding()
-    retriever.tokenizer.save_pretrained(str(tmp))
+    if truncation_side not in ("left", "right"):
+        raise ValueError(f"truncation_side must be left or right, got {truncation_side!r}")
+    side = retriever.tokenizer.truncation_side
+    retriever.tokenizer.truncation_side = truncation_side
+    try:
+        retriever.tokenizer.save_pretrained(str(tmp))
+    finally:
+        retriever.tokenizer.truncation_side = side
+    if max_length is not None:
+        write_json_atomic({"max_seq_length": int(max_length), "do_lower_case": False},
+                          tmp / "sentence_bert_config.json")
     pool_dir = tmp / "1_Pooling"
     pool_dir.mkdir()
     write_json_atomic({"word_embedding_dimension": retriever.config.hidden_size,

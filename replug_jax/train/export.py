@@ -61,7 +61,10 @@ def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
     dev = json.loads(dev_path.read_text()) if dev_path.exists() else None
     files = {"MODEL_CARD.md": model_card(cfg, step, dev, workdir),
              "replug.json": json.dumps(retriever_settings(cfg), indent=2) + "\n"}
-    return export_retriever(dataclasses.replace(model, encoder=encoder), out_dir, files)
+    # one encoder for both: other libraries cut every input as passages are cut (the
+    # queries' own limit, kept from the end, is in replug.json and applies in Retriever.load)
+    return export_retriever(dataclasses.replace(model, encoder=encoder), out_dir, files,
+                            max_length=cfg.doc_max_length, truncation_side="right")
 
 
 def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dict, card: str,
@@ -85,10 +88,14 @@ def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dic
     if settings.get("similarity") == "cosine":  # other libraries then embed as REPLUG does
         query = dataclasses.replace(query, normalize=True)
         passages = dataclasses.replace(passages, normalize=True)
+    # each tower cuts its inputs as it was trained to: queries to their last
+    # query_max_length tokens, passages to their first doc_max_length
     export_retriever(query, tmp, {"MODEL_CARD.md": card,
                                   "replug.json": json.dumps(settings, indent=2) + "\n"},
-                     dtype=dtype)
-    export_retriever(passages, tmp / "passage_encoder", dtype=dtype)
+                     dtype=dtype, max_length=settings.get("query_max_length"),
+                     truncation_side=settings.get("query_truncation", "left"))
+    export_retriever(passages, tmp / "passage_encoder", dtype=dtype,
+                     max_length=settings.get("doc_max_length"), truncation_side="right")
     replace_dir(tmp, out)
     return out
 
