@@ -234,3 +234,28 @@ def test_an_empty_prompt_without_a_bos_token_is_refused_everywhere(lm):
         assert r.status_code == 400 and "empty" in r.json()["error"]["message"]
         r = srv.post({"prompt": ["fine", ""], "max_tokens": 0, "echo": True, "logprobs": 1})
         assert r.status_code == 400
+
+
+@pytest.mark.models
+def test_prompt_logprobs_n_returns_the_token_and_its_top_n_and_n_above_1_is_refused(lm):
+    """vLLM's shape: per prompt token, the token itself first, then its top-N alternatives
+    with their ranks; fields that would change the answer and are not implemented (n, best_of,
+    penalties, logit_bias, suffix) are refused instead of ignored."""
+    with Server(lm, ServeLimits()) as srv:
+        body = {"prompt": "The capital of Germany is Berlin", "max_tokens": 0}
+        plp = srv.post({**body, "prompt_logprobs": 3}).json()["choices"][0]["prompt_logprobs"]
+        echo = srv.post({**body, "echo": True, "logprobs": 0}).json()["choices"][0]["logprobs"]
+        for n, field in [(2, "n"), (3, "best_of"), (0.5, "presence_penalty"),
+                         (0.5, "frequency_penalty"), ({"5": 10}, "logit_bias"),
+                         ("!", "suffix")]:
+            r = srv.post({**body, field: n})
+            assert r.status_code == 400, (field, r.text)
+    assert plp[0] is None and len(plp) == len(echo["tokens"])
+    for entry, lp, tok in zip(plp[1:], echo["token_logprobs"][1:], echo["tokens"][1:]):
+        own = next(iter(entry.values()))  # the prompt's token, first
+        assert own["logprob"] == pytest.approx(lp, abs=1e-4) and own["decoded_token"] == tok
+        ranked = sorted((v for v in entry.values() if v["rank"] is not None),
+                        key=lambda v: v["rank"])
+        assert [v["rank"] for v in ranked][:3] == [1, 2, 3] and 3 <= len(entry) <= 4
+        assert ranked[0]["logprob"] >= ranked[1]["logprob"] >= ranked[2]["logprob"]
+        assert ranked[0]["logprob"] >= own["logprob"] - 1e-5

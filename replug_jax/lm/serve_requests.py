@@ -59,6 +59,14 @@ def request_model():
         stop: str | list[str] | None = None
         seed: int | None = None
         prompt_logprobs: int | None = None
+        # what this server does not implement, declared so that a request asking for it is
+        # refused (an ignored field would change the answer without a word)
+        n: int = 1
+        best_of: int | None = None
+        presence_penalty: float = 0.0
+        frequency_penalty: float = 0.0
+        logit_bias: dict | None = None
+        suffix: str | None = None
 
     return CompletionRequest
 
@@ -130,8 +138,25 @@ def validate(req, lm: "FlaxLM", limits: ServeLimits) -> list[str]:
          "temperature must be a finite number >= 0"),
         (np.isfinite(req.top_p) and 0 < req.top_p <= 1, "top_p must be in (0, 1]"),
         (req.seed is None or 0 <= req.seed < 2**32, "seed must be in 0..2**32-1"),
+        *unsupported(req),
     ]
     for ok, message in checks:
         if not ok:
             raise RequestError(400, message)
     return prompts
+
+
+def unsupported(req) -> list[tuple[bool, str]]:
+    """Checks that the request asks for nothing this server does not do (one choice per
+    prompt, no penalties, no logit bias, no suffix)."""
+    return [
+        (getattr(req, "n", 1) == 1 and getattr(req, "best_of", None) in (None, 1),
+         "n and best_of other than 1 are not supported: send the request once per choice "
+         "(with different seeds when sampling)"),
+        (getattr(req, "presence_penalty", 0.0) == 0 and
+         getattr(req, "frequency_penalty", 0.0) == 0,
+         "presence_penalty and frequency_penalty are not supported (they would change the "
+         "distribution REPLUG mixes)"),
+        (not getattr(req, "logit_bias", None), "logit_bias is not supported"),
+        (getattr(req, "suffix", None) in (None, ""), "suffix is not supported"),
+    ]

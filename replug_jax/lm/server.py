@@ -203,9 +203,8 @@ def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
             choices[j, i]["logprobs"] = block
         else:
             ids = items[where.index((j, i, field))][0]
-            choices[j, i]["prompt_logprobs"] = [
-                None if lp is None else {str(t): {"logprob": lp, "decoded_token": s}}
-                for t, s, lp in zip(ids, block["tokens"], block["token_logprobs"])]
+            choices[j, i]["prompt_logprobs"] = prompt_logprob_entries(
+                lm, ids, block["tokens"], block["token_logprobs"], block["_top_ids"])
     out = []
     for j, job in enumerate(jobs):
         mine = [choices[j, i] for i in range(len(job.prompts))]
@@ -214,6 +213,27 @@ def run_batch(lm: "FlaxLM", jobs: list[_Job]) -> list[dict]:
         out.append({"choices": mine, "usage": {"prompt_tokens": usage_in,
                                                "completion_tokens": usage_out,
                                                "total_tokens": usage_in + usage_out}})
+    return out
+
+
+def prompt_logprob_entries(lm, ids, strings, logprobs, top_ids) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (None for the first, which nothing
+    predicts) a dict by token id of ``{"logprob", "rank", "decoded_token"}``: the prompt's
+    own token first (as vLLM orders it: clients read it there), then the top-N alternatives.
+    The rank (1 = likeliest) is given where it is known: for the top-N, and for the prompt's
+    token when it is among them (else None)."""
+    out: list[dict | None] = []
+    for p, (t, s, lp) in enumerate(zip(ids, strings, logprobs)):
+        if lp is None:
+            out.append(None)
+            continue
+        top = (top_ids[p] if top_ids is not None else None) or []
+        rank = next((r + 1 for r, (x, _) in enumerate(top) if x == t), None)
+        entry = {str(t): {"logprob": lp, "rank": rank, "decoded_token": s}}
+        for r, (x, v) in enumerate(top):
+            entry.setdefault(str(x), {"logprob": v, "rank": r + 1,
+                                      "decoded_token": lm.tokenizer.decode([x])})
+        out.append(entry)
     return out
 
 
