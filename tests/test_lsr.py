@@ -591,3 +591,33 @@ def test_gold_doc_names_a_passage_id_or_the_corpus_s_own_document_id(tmp_path):
     with pytest.raises(ValueError, match="is no document id"):
         LSRTrainer(BASE, tmp_path / "bad", retriever=tiny_retriever(0), lm_scorer=tiny_lm(0),
                    passages=PASSAGES, train=named, progress=False)
+
+
+@pytest.mark.models
+def test_lm_tokens_per_batch_reaches_the_in_process_lm(tmp_path, monkeypatch):
+    """`lm_tokens_per_batch` (config and --set): the LM's rows per scoring call, which an
+    accelerator needs raised; it changes no training trajectory (not in the fingerprint)."""
+    from replug_jax.lm.flax_scorer import FlaxLM
+    from replug_jax.train.assemble import build_trainer
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(source, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(FlaxLM, "load", staticmethod(fake_load))
+    (tmp_path / "c.jsonl").write_text('{"id": "a", "text": "Alpha."}\n')
+    (tmp_path / "q.jsonl").write_text('{"question": "q?", "answer": "a"}\n')
+    cfg = apply_overrides(LSRConfig(corpus=str(tmp_path / "c.jsonl"), retriever="minilm",
+                                    lm="smollm2", data=str(tmp_path / "q.jsonl")),
+                          ["lm_tokens_per_batch=32768"])
+    with pytest.raises(Stop):
+        build_trainer(cfg, tmp_path / "w", progress=False)
+    assert seen["tokens_per_batch"] == 32768
+    assert cfg.fingerprint() == dataclasses.replace(cfg, lm_tokens_per_batch=0).fingerprint()
+    with pytest.raises(ValueError, match="lm_tokens_per_batch must be >= 0"):
+        apply_overrides(cfg, ["lm_tokens_per_batch=-1"])

@@ -57,7 +57,9 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
                                  "(lm_api_base, e.g. vLLM) or train in one process")
             mesh = lm_mesh(cfg) if cfg.lm_mesh else None
             lm = FlaxLM.load(cfg.lm, dtype=cfg.lm_dtype, mesh=mesh,
-                             max_context=cfg.lm_max_context)
+                             max_context=cfg.lm_max_context,
+                             **({"tokens_per_batch": cfg.lm_tokens_per_batch}
+                                if cfg.lm_tokens_per_batch else {}))
     tok = lm.tokenizer if lm is not None and hasattr(lm, "tokenizer") else \
         retriever.model.tokenizer
     if cfg.task == "qa":

@@ -42,6 +42,10 @@ class LSRConfig:
     # training's first num_devices
     lm_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     lm_mesh: str = ""
+    # the in-process LM's tokens per scoring call (0: its default, 4096); on an accelerator
+    # raise it so that every device gets many rows (under data=8, 4096 leaves one 448-token
+    # row per device)
+    lm_tokens_per_batch: int = 0
     similarity: Literal["cosine", "dot"] = "cosine"  # Eq. 1; the official code used dot
     # data
     task: Literal["qa", "lm"] = "qa"
@@ -122,6 +126,7 @@ class LSRConfig:
             (0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)"),
             (self.batch_size > 0, "batch_size must be positive"),
             (self.lm_max_context > 0, "lm_max_context must be positive"),
+            (self.lm_tokens_per_batch >= 0, "lm_tokens_per_batch must be >= 0 (0: default)"),
             (self.lm_api_concurrency > 0 and self.lm_api_batch_size > 0,
              "lm_api_concurrency and lm_api_batch_size must be positive"),
             (self.prescore_pool >= 0 and self.dev_examples >= 0,
@@ -176,7 +181,8 @@ class LSRConfig:
 
     def fingerprint(self, ignore=("total_steps", "eval_every", "checkpoint_every",
                                   "keep_checkpoints", "remat", "prescore_pool",
-                                  "dev_examples", "lm_mesh", "lm_api_concurrency",
+                                  "dev_examples", "lm_mesh", "lm_tokens_per_batch",
+                                  "lm_api_concurrency",
                                   "lm_api_batch_size", "lm_prefetch")) -> str:
         """A hash of everything that changes the training trajectory (not where the LM runs:
         a sharded LM scores as one device does)."""
