@@ -459,3 +459,45 @@ def test_lsr_supervised_through_batched_api_requests_trains_as_in_process(served
     assert pairs > 4 and api.cost.snapshot()["lm_calls"] - before <= -(-pairs // 4) + 3
     for a, b in zip(_params(local), _params(remote)):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.models
+def test_a_continuation_starting_inside_a_multi_byte_character_is_scored_whole(served):
+    """A continuation whose first character is split over byte tokens (or shares a token
+    with the prompt's last space) keeps every one of its tokens: the server states each
+    token's bytes, on both scoring paths, and random mixed-script texts cut anywhere score
+    as the in-process LM scores them."""
+    lm, url = served
+    rng = np.random.default_rng(0)
+    alphabet = list("abc xyz.,") + list("東京日本の首都はです") + ["é", "ß", "🙂", "€"]
+    pairs = [("日本の首都は", "東京です"), ("Tokyo in Japanese is ", "東京")]
+    for _ in range(12):
+        text = "".join(rng.choice(alphabet, rng.integers(4, 16)))
+        cut = int(rng.integers(1, len(text)))
+        pairs.append((text[:cut], text[cut:]))
+    mine = lm.score_continuations([p for p, _ in pairs], [c for _, c in pairs])
+    assert len(mine[0].logprobs) == 7  # 東京です: the first byte token is the continuation's
+    for path in ("echo", "prompt_logprobs"):
+        api = APIScorer(url, scoring=path)
+        theirs = api.score_continuations([p for p, _ in pairs], [c for _, c in pairs])
+        for (p, c), a, b in zip(pairs, mine, theirs):
+            assert len(a.logprobs) == len(b.logprobs), (path, p, c)
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-4, err_msg=f"{p!r}|{c!r}")
+        api.close()
+
+
+def test_without_token_bytes_a_multi_byte_boundary_is_refused_in_one_line():
+    """A legacy answer without token bytes cannot say whether the token ending at the prompt
+    holds the first bytes of the continuation's first character: refused, not miscounted."""
+    from replug_jax.lm.api_protocol import APICapabilityError
+
+    api = APIScorer("http://127.0.0.1:9", scoring="echo")
+    choice = {"logprobs": {"tokens": ["日本", "は", "", "東", "京"],
+                           "token_logprobs": [None, -1.0, -2.0, -0.5, -0.3],
+                           "text_offset": [0, 2, 3, 3, 4]}}
+    with pytest.raises(APICapabilityError, match="begins with a multi-byte character"):
+        api._parse_score(("日本は", "東京"), choice, "echo")
+    ascii_start = {"logprobs": {"tokens": ["日本", "は", " ok"],
+                                "token_logprobs": [None, -1.0, -2.0],
+                                "text_offset": [0, 2, 3]}}
+    assert api._parse_score(("日本は", " ok"), ascii_start, "echo").logprobs.tolist() == [-2.0]

@@ -118,6 +118,26 @@ class TokenLogprobs:
         return spans
 
 
+    def check_boundary(self, continuation: str) -> None:
+        """Without each token's bytes, a continuation that begins with a multi-byte
+        character cannot be told apart from the prompt: a token ending at the boundary may
+        hold its first bytes. Refused in one line."""
+        if self.raw is None and continuation[:1] and not continuation[0].isascii():
+            raise APICapabilityError(
+                f"the continuation {continuation[:12]!r} begins with a multi-byte character and "
+                "this server's log-probs do not give each token's bytes, so a token ending at "
+                "the prompt may hold part of it: start the continuation with an ASCII "
+                "character (e.g. a space), or use a server that gives token bytes")
+
+    def complete_first_bytes(self, text: str) -> None:
+        """A first token given without its text (prompt_logprobs): its bytes are what the
+        other tokens' bytes leave of ``text``."""
+        if self.raw is not None and self.logprobs and self.logprobs[0] is None:
+            rest, whole = b"".join(self.raw[1:]), text.encode("utf-8")
+            self.raw[0] = whole[:len(whole) - len(rest)] if whole.endswith(rest) \
+                else self.tokens[0].encode("utf-8")
+
+
 def _show(raw: bytes, n: int = 60) -> str:
     text = raw.decode("utf-8", errors="replace")
     return repr(text if len(text) <= n else text[:n] + "…")
@@ -227,7 +247,12 @@ def parse_logprobs(block, start: int = 0) -> TokenLogprobs:
     top = [None if t is None else _merge_top(
         (tok, _finite_logprob(v, f"top_logprobs[{i}][{tok!r}]")) for tok, v in t.items())
         if isinstance(t, dict) else _bad_top(t) for i, t in enumerate(raw_top)]
-    return TokenLogprobs(tokens, logprobs, offsets, top)
+    # `replug serve`'s extension: each token's bytes (where a partial character belongs)
+    raw = [_token_bytes({"bytes": b}) if b != [] else b"" for b in block["token_bytes"]] \
+        if isinstance(block.get("token_bytes"), list) and \
+        len(block["token_bytes"]) == len(tokens) else None
+    return TokenLogprobs(tokens, logprobs, offsets, top,
+                         raw if raw is not None and None not in raw else None)
 
 
 def _split_decoded(pieces: list[bytes]) -> list[str]:
@@ -250,15 +275,17 @@ def parse_prompt_logprobs(entries) -> TokenLogprobs:
     token (None for the first)."""
     if not isinstance(entries, list):
         raise APIResponseError("response lacks prompt_logprobs")
-    tokens, logprobs, offsets, pos = [], [], [], 0
+    tokens, logprobs, offsets, pieces, pos = [], [], [], [], 0
     for i, e in enumerate(entries):
         if e is None:
             tokens.append("")
             logprobs.append(None)
+            pieces.append(None)
         else:
             try:
-                (_, info), = list(e.items())[:1]
+                (_, info), = list(e.items())[:1]  # the prompt's own token comes first
                 tok = info.get("decoded_token", "")
+                pieces.append(_token_bytes(info) if info.get("bytes") != [] else b"")
             except (AttributeError, ValueError, TypeError) as err:
                 raise APIResponseError(f"malformed prompt_logprobs[{i}]: {str(e)[:120]}") \
                     from err
@@ -269,7 +296,11 @@ def parse_prompt_logprobs(entries) -> TokenLogprobs:
             logprobs.append(_finite_logprob(info.get("logprob"), f"prompt_logprobs[{i}]"))
         offsets.append(pos)
         pos += len(tokens[-1])
-    return TokenLogprobs(tokens, logprobs, offsets, [None] * len(tokens))
+    known = pieces[1:] if pieces and pieces[0] is None else pieces
+    raw = None
+    if known and all(p is not None for p in known):  # every token's bytes: exact spans
+        raw = ([tokens[0].encode("utf-8")] if len(known) < len(pieces) else []) + known
+    return TokenLogprobs(tokens, logprobs, offsets, [None] * len(tokens), raw)
 
 
 # -- what a server can do ----------------------------------------------------------------------

@@ -353,6 +353,7 @@ class APIScorer:
                 # others leave of the text
                 block.tokens[0] = text[:len(text) - len("".join(block.tokens[1:]))]
                 block.offsets = [0] + [o + missing for o in block.offsets[1:]]
+            block.complete_first_bytes(text)
         tokens, logprobs = block.tokens, block.logprobs
         n = len(tokens)
         if n == 0:
@@ -360,6 +361,7 @@ class APIScorer:
                                    "scoring")
         # The tokens must be the text and the offsets where they are (else refused in one
         # line); a token ending after the prompt, even one straddling it, is continuation.
+        block.check_boundary(continuation)
         sel = [i for i, (_, end) in enumerate(block.spans(text)) if end > len(prompt)]
         values = [logprobs[i] for i in sel]
         if any(v is None for v in values):

@@ -143,6 +143,9 @@ def logprob_blocks(lm: "FlaxLM", items: list[_Item]) -> list[dict]:
                 top_ids.append(None)
         blocks.append({"tokens": strings[start:], "token_logprobs": token_lp,
                        "text_offset": offsets[start:], "top_logprobs": top if n_top else None,
+                       # an extension of the legacy shape: each token's own bytes, which say
+                       # where a token holding part of a multi-byte character belongs
+                       "token_bytes": [list(token_bytes(lm, int(x))) for x in ids[start:]],
                        "_ids": [int(x) for x in ids[start:]],
                        "_top_ids": top_ids if n_top else None})
     return blocks

@@ -36,6 +36,7 @@ from replug_jax.lm.serve_logprobs import (
     content_logprobs,
     logprob_blocks,
     public,
+    token_bytes,
     tokens_with_offsets,
 )
 from replug_jax.lm.serve_requests import (
@@ -229,7 +230,8 @@ def prompt_logprob_entries(lm, ids, strings, logprobs, top_ids) -> list[dict | N
             continue
         top = (top_ids[p] if top_ids is not None else None) or []
         rank = next((r + 1 for r, (x, _) in enumerate(top) if x == t), None)
-        entry = {str(t): {"logprob": lp, "rank": rank, "decoded_token": s}}
+        entry = {str(t): {"logprob": lp, "rank": rank, "decoded_token": s,
+                          "bytes": list(token_bytes(lm, t))}}
         for r, (x, v) in enumerate(top):
             entry.setdefault(str(x), {"logprob": v, "rank": r + 1,
                                       "decoded_token": lm.tokenizer.decode([x])})
