@@ -31,7 +31,7 @@ def run_demo(index_dir: pathlib.Path, *, retriever: str = DEFAULT_RETRIEVER,
     ``on_answer(question, closed, replug)`` each pair of :class:`~replug_jax.replug.Generation`.
     Returns ``{"results", "settings", "index", "seconds", "passages"}``."""
     from replug_jax.lm.flax_scorer import FlaxLM
-    from replug_jax.prompts import qa_prompt
+    from replug_jax.prompts import qa_branch_input, qa_prompt
     from replug_jax.replug import Replug
     from replug_jax.retrieval.corpus import corpus_checksum, demo_corpus
     from replug_jax.retrieval.encoder import Retriever
@@ -53,9 +53,11 @@ def run_demo(index_dir: pathlib.Path, *, retriever: str = DEFAULT_RETRIEVER,
     pipe = Replug(model, encoder, index, k=k)
     results = []
     for q in (questions or QUESTIONS):
-        prompt = qa_prompt(q, model.tokenizer)
-        closed = pipe.generate([prompt], max_new_tokens, stop=["\n"], mode="none")[0]
-        rep = pipe.generate([prompt], max_new_tokens, stop=["\n"], queries=[q])[0]
+        closed = pipe.generate([qa_prompt(q, model.tokenizer)], max_new_tokens, stop=["\n"],
+                               mode="none")[0]
+        context, prefix = qa_branch_input(q, model.tokenizer)  # passages in the user's turn
+        rep = pipe.generate([context], max_new_tokens, stop=["\n"], queries=[q],
+                            prefixes=None if prefix is None else [prefix])[0]
         results.append({"question": q, "answer_without_retrieval": closed.text.strip(),
                         "answer_replug": rep.text.strip(), "sources": [
                             {"id": i, "title": t, "weight": round(w, 4)}

@@ -21,6 +21,39 @@ def qa_prompt(question: str, tokenizer=None, *, demonstrations: Sequence[tuple[s
     return demonstrations_text(demonstrations) + PLAIN_QA.format(question=question)
 
 
+def chat_turn(question: str, tokenizer) -> tuple[str, str]:
+    """``(head, rest)`` of the LM's chat template around a user turn holding ``question``:
+    the document of a REPLUG branch goes between them, inside the user's turn (the paper's
+    ``d ∘ x`` with x the user's text), ``head + d + separator + rest`` — not in front of the
+    template, where a chat model ignores it. Raises ``ValueError`` without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this LM has no chat template")
+    mark = "\u2063REPLUG-USER-TEXT\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}],
+                                         add_generation_prompt=True, tokenize=False)
+    if text.count(mark) != 1:
+        raise ValueError("the chat template does not place the user's text once")
+    head, tail = text.split(mark)
+    return head, question + tail
+
+
+CHAT_LAYOUTS = ("inside", "before")
+
+
+def qa_branch_input(question: str, tokenizer, chat_layout: str = "inside"
+                    ) -> tuple[str, str | None]:
+    """``(context, prefix)`` of a question for :meth:`Replug.generate` (``prefixes``): with a
+    chat template and ``chat_layout="inside"`` each branch is ``head + d + separator +
+    question + tail`` (:func:`chat_turn`); else (no template, or ``"before"``) the prompt of
+    :func:`qa_prompt` with nothing before the document (prefix None)."""
+    if chat_layout not in CHAT_LAYOUTS:
+        raise ValueError(f"chat_layout must be one of {CHAT_LAYOUTS}, got {chat_layout!r}")
+    if getattr(tokenizer, "chat_template", None) and chat_layout == "inside":
+        head, context = chat_turn(question, tokenizer)
+        return context, head
+    return qa_prompt(question, tokenizer), None
+
+
 def demonstrations_text(demonstrations: Sequence[tuple[str, str]]) -> str:
     """The few-shot block that :func:`qa_prompt` puts before the question."""
     return "".join(PLAIN_QA.format(question=q) + f" {a}\n\n" for q, a in demonstrations)
@@ -31,7 +64,9 @@ def demonstrations_text(demonstrations: Sequence[tuple[str, str]]) -> str:
 # prepended to the whole input); "demonstrations_first" is demonstrations ∘ d ∘ question, whose
 # demonstrations are a prefix shared by every branch and question (their keys and values are
 # computed once; see lm.kv_reuse), at the price of a different prompt.
-QA_LAYOUTS = ("document_first", "demonstrations_first")
+# "chat_inside" / "chat_before" (zero-shot, an LM with a chat template): the document inside
+# the user's turn before the question (chat_turn), or in front of the whole chat prompt.
+QA_LAYOUTS = ("document_first", "demonstrations_first", "chat_inside", "chat_before")
 
 
 def document_budget(lm, context: str, separator: str, reserve: int = 0) -> int:

@@ -423,5 +423,6 @@ class Replug:
                 prompt, text, toks, mix, [p.id for p in g.passages],
                 [p.title for p in g.passages], [p.text for p in g.passages],
                 np.exp(g.log_weights).tolist(), resp, stopped, approximation,
-                self.settings(mode, k), cost, [source_of(p) for p in g.passages]))
+                self.settings(mode, k), cost, [source_of(p) for p in g.passages],
+                list(g.prompts)))
         return final

@@ -71,9 +71,11 @@ class GenerationResult:
     settings: dict
     cost: dict
     sources: list[dict] = dataclasses.field(default_factory=list)  # [K'] see source_of
+    branch_prompts: list[str] = dataclasses.field(default_factory=list)  # [K'] exact LM inputs
 
     def to_json(self) -> dict:
-        return {"prompt": self.prompt, "text": self.text, "tokens": self.tokens,
+        return {"prompt": self.prompt, "branch_prompts": self.branch_prompts,
+                "text": self.text, "tokens": self.tokens,
                 "token_logprobs": [round(float(x), 5) for x in self.token_logprobs],
                 "doc_ids": self.doc_ids, "doc_titles": self.doc_titles,
                 "weights": [round(w, 6) for w in self.weights],

@@ -192,3 +192,30 @@ def test_index_recall_info_tune_and_search_knobs(tmp_path, capsys):
     hit = json.loads(capsys.readouterr().out)
     assert len(hit["ids"]) == 3 and all(s["source_id"].startswith("doc-")
                                         for s in hit["sources"])
+
+
+@pytest.mark.models
+def test_ask_puts_the_passage_inside_a_chat_lm_s_user_turn(tmp_path, capsys):
+    """With a chat template (the packaged SmolLM2-Instruct), each passage goes inside the
+    user's turn before the question, not in front of `<|im_start|>system`; --json gives the
+    exact prompt of every branch."""
+    packaged_or_skip("minilm")
+    packaged_or_skip("smollm2")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "p", "text": "Pirath was founded in 1821 by the "
+                                  "shipwright Olek Varnay."}) + "\n")
+    assert main(["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "i"),
+                 "--json"]) == 0
+    capsys.readouterr()
+    for layout in ("inside", "before"):
+        assert main(["ask", "--index", str(tmp_path / "i"), "Who founded Pirath?", "-k", "1",
+                     "--max-new-tokens", "12", "--chat-layout", layout, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        [branch] = out["branch_prompts"]
+        passage = branch.index("Olek Varnay")
+        if layout == "inside":
+            assert branch.index("<|im_start|>user") < passage < branch.index("Who founded")
+            assert branch.index("<|im_start|>system") < passage
+        else:
+            assert passage < branch.index("<|im_start|>")
+        assert out["chat_layout"] == layout

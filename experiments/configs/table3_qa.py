@@ -69,6 +69,15 @@ CONFIGS = {
     # REPLUG only: without a document both layouts are the same prompt.
     "nq50_layouts": QAConfig(num_questions=50, modes=("replug",), generate_modes=("replug",),
                              compare_layout="demonstrations_first"),
+    # Where a chat LM's passage goes (issue 52): zero-shot, the LM's chat template, REPLUG
+    # k = 5 over the 624 gold passages; in front of the whole chat prompt (what `replug ask`
+    # did) against inside the user's turn before the question; the same 50 questions, paired.
+    "nq50_chat_layouts": QAConfig(num_questions=50, shots=0, layout="chat_before",
+                                  compare_layout="chat_inside", modes=("replug",),
+                                  generate_modes=("replug",)),
+    "tiny_chat_layouts": QAConfig(num_questions=4, shots=0, k=2, layout="chat_before",
+                                  compare_layout="chat_inside", modes=("replug",),
+                                  generate_modes=("replug",), max_new_tokens=6),
     "nq_gpu": QAConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
                        num_questions=624, shots=16, k=10, max_context=4096),
 }

@@ -97,13 +97,16 @@ def cmd_generate(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from replug_jax.prompts import qa_prompt
+    from replug_jax.prompts import qa_branch_input
 
     pipe = make_pipeline(args)
-    prompt = qa_prompt(args.question, getattr(pipe.lm, "tokenizer", None))
-    r = pipe.generate([prompt], args.max_new_tokens, stop=["\n"], queries=[args.question])[0]
-    emit(args, {"question": args.question, "answer": r.text.strip(), **r.to_json()},
-         format_generation(r, "answer"))
+    tokenizer = getattr(pipe.lm, "tokenizer", None)
+    context, prefix = qa_branch_input(args.question, tokenizer, args.chat_layout)
+    r = pipe.generate([context], args.max_new_tokens, stop=["\n"], queries=[args.question],
+                      prefixes=None if prefix is None else [prefix])[0]
+    layout = args.chat_layout if getattr(tokenizer, "chat_template", None) else "plain"
+    emit(args, {"question": args.question, "answer": r.text.strip(), "chat_layout": layout,
+                **r.to_json()}, format_generation(r, "answer"))
     return 0
 
 
@@ -188,6 +191,11 @@ def add_parsers(sub) -> None:
     ask.add_argument("question", help="the question")
     ask.add_argument("--max-new-tokens", type=non_negative_int, default=32,
                      help="answer length limit")
+    ask.add_argument("--chat-layout", choices=("inside", "before"), default="inside",
+                     help="with an LM that has a chat template: each passage inside the user's "
+                          "turn, before the question (inside, the default: the paper's d ∘ x "
+                          "with x the user's text), or in front of the whole chat prompt "
+                          "(before); the exact prompt of every branch is in --json")
     add_pipeline_args(ask)
 
     demo = command(sub, "demo", cmd_demo,

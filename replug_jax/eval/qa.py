@@ -96,11 +96,20 @@ class QAEvaluator:
 
         if self.layout not in QA_LAYOUTS:
             raise ValueError(f"layout must be one of {QA_LAYOUTS}, got {self.layout!r}")
+        if self.layout.startswith("chat_") and self.demonstrations:
+            raise ValueError(f"layout {self.layout!r} is zero-shot: give no demonstrations")
 
-    def _prompt(self, i: int) -> tuple[str, str]:
-        """``(prefix, prompt)`` of question ``i`` in the evaluator's layout."""
-        from replug_jax.prompts import demonstrations_text, qa_prompt
+    def _prompt(self, i: int, tokenizer=None) -> tuple[str, str]:
+        """``(prefix, prompt)`` of question ``i`` in the evaluator's layout (the chat layouts
+        need the LM's ``tokenizer``)."""
+        from replug_jax.prompts import demonstrations_text, qa_branch_input, qa_prompt
 
+        if self.layout.startswith("chat_"):
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError(f"layout {self.layout!r} needs an LM with a chat template")
+            context, prefix = qa_branch_input(self.questions[i], tokenizer,
+                                              self.layout.removeprefix("chat_"))
+            return prefix or "", context
         if self.layout == "demonstrations_first":
             return (demonstrations_text(self.demonstrations),
                     qa_prompt(self.questions[i], chat=False))
@@ -148,7 +157,8 @@ class QAEvaluator:
     def run(self, pipe) -> dict:
         from tqdm.auto import tqdm
 
-        prompts = {i: self._prompt(i) for i in self.selected}
+        tokenizer = getattr(pipe.lm, "tokenizer", None)
+        prompts = {i: self._prompt(i, tokenizer) for i in self.selected}
         done = self._done()
         out = {}
         for mode in self.modes:
