@@ -42,7 +42,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from replug_jax.lm.flax_decode import EnsembleDecoding
 from replug_jax.run_shapes import Shapes
-from replug_jax.sharding import MESH_AXES, MODEL, logical_sharding, mesh_size, param_shardings
+from replug_jax.sharding import (
+    MESH_AXES,
+    MODEL,
+    device_grid,
+    logical_sharding,
+    mesh_size,
+    param_shardings,
+)
 
 GIB = 1 << 30
 
@@ -54,16 +61,17 @@ CHIPS = {"TPU v4": (32, 275, 1200), "TPU v5 lite": (16, 197, 819), "TPU v5e": (1
          "TPU v6 lite": (32, 918, 1640), "TPU v6e": (32, 918, 1640)}
 
 
-def target_devices(topology: str | None) -> list:
-    """The devices to compile for: a TPU topology's (``"v5e:2x4"``, needs ``libtpu``) or,
-    without one, this machine's."""
+def target_devices(topology: str | None, slices: int = 1) -> list:
+    """The devices to compile for: a TPU topology's (``"v5e:2x4"``, ``slices`` of them
+    joined by the data-center network; needs ``libtpu``) or, without one, this machine's."""
     if not topology:
         return list(jax.devices())
     from jax.experimental import topologies
 
     try:
-        return list(topologies.get_topology_desc(platform="tpu",
-                                                 topology_name=topology).devices)
+        return list(topologies.get_topology_desc(
+            platform="tpu", topology_name=topology,
+            **({"num_slices": slices} if slices > 1 else {})).devices)
     except Exception as err:  # noqa: BLE001 — libtpu missing or an unknown topology
         text = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"cannot describe TPU topology {topology!r} ({text}): install the "
@@ -72,21 +80,16 @@ def target_devices(topology: str | None) -> list:
 
 
 def target_mesh(devices: list, shape: dict[str, int]) -> Mesh:
-    """A mesh of ``devices`` with named axes (``{"model": 8}``), topology-aware where
-    ``mesh_utils`` knows the devices (TPU ICI), else in their order."""
+    """A mesh of ``devices`` with named axes (``{"model": 8}``), as
+    :func:`~replug_jax.sharding.make_mesh` lays one out: topology-aware within a slice
+    (TPU ICI), hybrid across slices."""
     names = tuple(a for a in MESH_AXES if a in shape)
     sizes = tuple(int(shape[a]) for a in names)
     if math.prod(sizes) != len(devices):
         raise ValueError(f"mesh {shape} has {math.prod(sizes)} devices; the target has "
                          f"{len(devices)}")
-    try:
-        from jax.experimental import mesh_utils
-
-        grid = mesh_utils.create_device_mesh(sizes, devices=devices,
-                                             allow_split_physical_axes=True)
-    except (ValueError, NotImplementedError, AssertionError):
-        grid = np.array(devices).reshape(sizes)
-    return Mesh(grid, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+    return Mesh(device_grid(names, sizes, devices), names,
+                axis_types=(jax.sharding.AxisType.Auto,) * len(names))
 
 
 def chip_memory(devices: list, override_gib: float | None = None) -> tuple[int | None, str]:

@@ -116,14 +116,38 @@ def make_mesh(num_devices: int | None = None, shape: dict[str, int] | None = Non
     # One process: mesh_utils orders the devices for the topology (TPU ICI rings, NVLink
     # domains). Several: jax.devices() lists each process's devices together, so the
     # fastest-varying (last) axis, model, stays within a host and data crosses hosts.
-    if jax.process_count() == 1:
-        from jax.experimental import mesh_utils
-
-        devices = mesh_utils.create_device_mesh(sizes, devices=pool,
-                                                allow_split_physical_axes=True)
-    else:
-        devices = np.array(pool).reshape(sizes)
+    devices = device_grid(names, sizes, pool, jax.process_count() == 1)
     return Mesh(devices, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+
+
+def device_grid(names: tuple[str, ...], sizes: tuple[int, ...], devices: list,
+                topology_aware: bool = True) -> np.ndarray:
+    """``devices`` arranged as a mesh of ``sizes``: over several TPU slices (devices with
+    distinct ``slice_index``) a hybrid mesh whose slices split the outermost axis that takes
+    them (data, else fsdp; only that axis crosses the slower data-center network), within a
+    slice (or one process) ``mesh_utils``' topology-aware order, else the devices' order."""
+    from jax.experimental import mesh_utils
+
+    slices = sorted({getattr(d, "slice_index", 0) for d in devices})
+    if len(slices) > 1:
+        n = len(slices)
+        axis = next((i for i, (a, size) in enumerate(zip(names, sizes))
+                     if a in (DATA, FSDP) and size % n == 0), None)
+        if axis is None:
+            raise ValueError(f"{n} slices need a data or fsdp axis that they divide (mesh "
+                             f"{dict(zip(names, sizes))}): across slices only those axes "
+                             "belong")
+        ici = tuple(size // n if i == axis else size for i, size in enumerate(sizes))
+        dcn = tuple(n if i == axis else 1 for i in range(len(sizes)))
+        return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices,
+                                                    allow_split_physical_axes=True)
+    if topology_aware:
+        try:
+            return mesh_utils.create_device_mesh(sizes, devices=devices,
+                                                 allow_split_physical_axes=True)
+        except (ValueError, NotImplementedError, AssertionError):
+            pass  # devices mesh_utils does not know how to lay out
+    return np.array(devices).reshape(sizes)
 
 
 def parse_mesh(text: str) -> dict[str, int]:

@@ -88,3 +88,21 @@ def test_a_topology_without_libtpu_or_unknown_is_one_line(configs, capsys):
                  "v9z:7x7"])
     assert code == 2
     assert "cannot describe TPU topology 'v9z:7x7'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu absent: install the tpu-compile extra to compile for TPUs")
+def test_a_mesh_over_two_slices_keeps_only_the_data_axis_across_them():
+    """Two v5e:2x2 slices (8 chips): the hybrid mesh puts the slices along data (the slow
+    data-center network) and keeps fsdp and model within each slice; a mesh with no axis the
+    slices divide is refused."""
+    from replug_jax.compile_check import target_devices, target_mesh
+
+    devices = target_devices("v5e:2x2", slices=2)
+    assert sorted({d.slice_index for d in devices}) == [0, 1]
+    mesh = target_mesh(devices, {"data": 2, "model": 4})
+    for row in range(2):
+        assert len({d.slice_index for d in mesh.devices[row].ravel()}) == 1
+    assert mesh.devices[0, 0].slice_index != mesh.devices[1, 0].slice_index
+    with pytest.raises(ValueError, match="2 slices need a data or fsdp axis"):
+        target_mesh(devices, {"model": 8})

@@ -32,6 +32,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--topology", default="",
                    help="a TPU topology such as v5e:2x4, v5e:4x4 or v5p:2x2x1 (default: this "
                         "machine's devices; a GPU target is checked on the GPU host itself)")
+    p.add_argument("--slices", type=positive_int, default=1,
+                   help="with --topology: this many slices of it, joined by the data-center "
+                        "network (the mesh's data or fsdp axis spans them; default 1)")
     p.add_argument("--lm-config", type=pathlib.Path, required=True,
                    help="the LM's HF config.json (or its folder): Llama family, GPT-2 or OPT; "
                         "experiments/configs/lm_shapes/ holds Llama-2-7B and 70B")
@@ -93,7 +96,7 @@ def cmd_compile_check(args) -> int:
         bert_cfg = BertConfig.from_hf(json.loads(path.read_text()))
     else:
         bert_cfg = BertConfig()
-    devices = cc.target_devices(args.topology or None)
+    devices = cc.target_devices(args.topology or None, args.slices)
     mesh = cc.target_mesh(devices, args.mesh or {"model": len(devices)})
     memory, where = cc.chip_memory(devices, args.chip_memory)
     shapes = Shapes(**{f: getattr(args, f) for f in HELP})
