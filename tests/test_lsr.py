@@ -621,3 +621,19 @@ def test_lm_tokens_per_batch_reaches_the_in_process_lm(tmp_path, monkeypatch):
     assert cfg.fingerprint() == dataclasses.replace(cfg, lm_tokens_per_batch=0).fingerprint()
     with pytest.raises(ValueError, match="lm_tokens_per_batch must be >= 0"):
         apply_overrides(cfg, ["lm_tokens_per_batch=-1"])
+
+
+def test_index_backend_auto_searches_on_the_devices_of_an_accelerator():
+    """Flat retrieval at scale on a GPU or TPU: the exact JAX index on the devices, not FAISS
+    on the host; FAISS on a CPU, for approximate factories and with refresh devices apart.
+    A CPU run's fingerprint is the one it had when the default was "faiss"."""
+    cfg = LSRConfig()
+    assert cfg.index_backend == "auto"
+    assert cfg.resolved_index_backend("gpu") == cfg.resolved_index_backend("tpu") == "jax"
+    assert cfg.resolved_index_backend("cpu") == "faiss"
+    ivf = dataclasses.replace(cfg, index_factory="IVF1024,Flat")
+    assert ivf.resolved_index_backend("gpu") == "faiss"
+    apart = dataclasses.replace(cfg, refresh_devices=2)
+    assert apart.resolved_index_backend("gpu") == "faiss"
+    assert dataclasses.replace(cfg, index_backend="faiss").resolved_index_backend("gpu") == "faiss"
+    assert cfg.fingerprint() == dataclasses.replace(cfg, index_backend="faiss").fingerprint()

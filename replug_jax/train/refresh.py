@@ -135,7 +135,7 @@ class IndexRefresher:
                                "start a new --workdir")
         done = emb_path.exists() and not emb_path.with_name(
             emb_path.name + ".progress.json").exists()
-        if self.cfg.index_backend == "jax":
+        if self.cfg.resolved_index_backend() == "jax":
             # each process embeds only the corpus rows its devices hold
             rows = corpus_rows(len(self.store), self.mesh)
             if not done:
