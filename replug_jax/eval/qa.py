@@ -157,7 +157,7 @@ class QAEvaluator:
     def run(self, pipe) -> dict:
         from tqdm.auto import tqdm
 
-        tokenizer = getattr(pipe.lm, "tokenizer", None)
+        tokenizer = getattr(getattr(pipe, "lm", None), "tokenizer", None)
         prompts = {i: self._prompt(i, tokenizer) for i in self.selected}
         done = self._done()
         out = {}
