@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # With libtpu installed (the tpu-compile extra) every JAX process takes libtpu's lockfile;
 # tests that start processes, and compile-check beside them, must not wait on it.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no cloud metadata server to ask here
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()

@@ -77,6 +77,7 @@ def _share_libtpu(args) -> None:
     import os
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # a topology needs no cloud metadata
 
 
 def cmd_compile_check(args) -> int:
