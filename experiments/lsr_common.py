@@ -5,6 +5,7 @@ saved parameters, and a pool of new candidates that reuses an earlier pool's sco
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 import numpy as np
@@ -41,6 +42,17 @@ def variants(cfg) -> list[PoolTrainConfig]:
         out.append(dataclasses.replace(out[0], shuffle_q=True, **(
             {"steps": fixed, "early_stop": False} if fixed else {})))
     return out
+
+
+def trained_with(stored: dict | None, v: PoolTrainConfig) -> bool:
+    """Whether a run saved with config ``stored`` (its JSON) was trained as ``v`` would be:
+    compared after the JSON round trip (tuples come back as lists), a field the saved run
+    predates counting as its default (the behaviour it was trained with)."""
+    if not isinstance(stored, dict):
+        return False
+    mine = json.loads(json.dumps(vars(v)))
+    defaults = json.loads(json.dumps(vars(PoolTrainConfig())))
+    return {k: stored.get(k, defaults[k]) for k in mine} == mine and set(stored) <= set(mine)
 
 
 def label(v: PoolTrainConfig) -> str:

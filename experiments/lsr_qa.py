@@ -40,8 +40,15 @@ import numpy as np
 from experiments import lm_datastore
 from experiments.common import load_lm, parse_experiment_args, provenance, run
 from experiments.configs.lsr_qa import CONFIGS, PRIMARY_ENDPOINT, RECALL_ENDPOINT
-from experiments.lsr_common import label, min_detectable, save_params, slug, variants
-from experiments.lsr_qa_data import SPLITS, examples_of, open_study
+from experiments.lsr_common import (
+    label,
+    min_detectable,
+    save_params,
+    slug,
+    trained_with,
+    variants,
+)
+from experiments.lsr_qa_data import SPLITS, examples_of, nq_transfer, open_study
 from experiments.lsr_qa_report import chosen_name, release, write_report
 from replug_jax.core.ensemble import retrieval_log_weights
 from replug_jax.eval.qa import exact_match, f1_score, first_line
@@ -187,7 +194,7 @@ def train_variants(cfg, retriever, pools, examples, by_id, frozen, run_dir, prog
         name = label(v)
         out = run_dir / f"{slug(name)}.json"
         params_file = out.with_suffix(".npz")
-        if not (out.exists() and json.loads(out.read_text()).get("config") == vars(v)):
+        if not (out.exists() and trained_with(json.loads(out.read_text()).get("config"), v)):
             fit = train_on_pool(retriever, pools["train"], examples["train"], pools["dev"],
                                 examples["dev"], by_id, v, progress=progress,
                                 frozen_docs=frozen, dev_recall=dev_recall)
@@ -310,6 +317,9 @@ def main(argv=None):
                           frozen, work if single else work / f"fold{f}", progress)
                  for f in range(len(study.folds))]
     payload, rows, chosen = summarize(folds, cfg, study)
+    if getattr(cfg, "transfer_nq", False) and len(folds) == 1:  # reported, not gated
+        payload["transfer_nq"] = nq_transfer(cfg, retriever, folds[0]["runs"][chosen]["params"],
+                                             work, progress, base=BASE)
     payload.update(lm_pairs_scored=sum(p.provenance["pairs"] for p in pools.values()),
                    pairs_per_second=[p.provenance["pairs_per_second"] for p in pools.values()
                                      if "pairs_per_second" in p.provenance],

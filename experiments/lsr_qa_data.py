@@ -14,6 +14,9 @@
   on it. Datastore: the 624 gold passages plus the distractors. Each question is its own
   cluster in the intervals.
 
+``nq_transfer``: a SQuAD-trained retriever against its base on the NQ questions with gold
+passages (recall only, no LM cost; reported, not gated).
+
 Pools are scored once per *pool set* (SQuAD: train, dev and test; NQ: all questions, whatever
 fold they fall in) and a fold takes rows of them.
 """
@@ -131,3 +134,28 @@ def _nq(cfg, retriever, work, distractors, progress) -> Study:
         folds.append({"train": ("all", np.sort(train)), "dev": ("all", np.sort(dev)),
                       "test": ("all", np.sort(part))})
     return Study(squad.MergedDatastore(gold_index, distractors), {"all": qs}, folds)
+
+
+def nq_transfer(cfg, retriever, params, work, progress, base: str = "base") -> dict:
+    """The chosen retriever against its base on the NQ questions with gold passages (their
+    624 passages plus the study's distractors, searched exactly): recall@k of the gold
+    passage and the paired difference, 95 % interval over questions. No LM cost."""
+    from experiments.data import load_nq
+    from replug_jax.eval.stats import paired_bootstrap
+
+    passages, questions, _ = load_nq()
+    store = squad.MergedDatastore(
+        lm_datastore.cached_index(passages, retriever, work / "nq_index", progress),
+        distractor_index(cfg, retriever, None, progress))
+    gold = np.arange(len(questions))
+    hits = {}
+    for name, p in ((base, None), ("chosen", params)):
+        ids = store.search(retriever.encode_queries(questions, p), max(cfg.recall_ks)).ids
+        hits[name] = {r: (ids[:, :r] == gold[:, None]).any(1).astype(float)
+                      for r in cfg.recall_ks}
+    return {"questions": len(questions), "datastore_passages": len(store),
+            **{f"recall@{r}": {n: float(h[r].mean()) for n, h in hits.items()}
+               for r in cfg.recall_ks},
+            **{f"recall@{r}_chosen_vs_base": paired_bootstrap(
+                hits["chosen"][r], hits[base][r], clusters=None,
+                resamples=cfg.bootstrap_resamples, seed=cfg.seed) for r in cfg.recall_ks}}

@@ -153,9 +153,13 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
     endpoint = p.get("primary_endpoint", PRIMARY_ENDPOINT)
     if folds > 1:  # cross-fitted by question: each question is its own cluster
         endpoint = endpoint.replace("95 % CI over test articles", "95 % CI over test questions")
+    wide = p.get("recall_test")
+    unit = ("nats per question" if not wide else
+            f"in recall@1 on {wide['questions']:,} questions of {wide['articles']} articles")
+    transfer = p.get("transfer_nq")
     notes = (
         f"Primary endpoint (pre-registered): {endpoint}. Chosen: {chosen}; "
-        f"{format_interval(p['primary'], 3)} nats per question; smallest effect this test "
+        f"{format_interval(p['primary'], 3)} {unit}; smallest effect this test "
         f"detects (80 % power, 5 % level): {mde:.3f} (stated before the run: {stated:g}"
         + (f"; {mde / stated:.1f}× larger: the per-question differences varied far more than "
            "planned for, so the test has less power than it was sized for" if mde > 1.5 * stated
@@ -182,7 +186,13 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
                f"{who} {_mean(p['qa'][who]['em']):.3f} / {_mean(p['qa'][who]['f1']):.3f}"
                for who in ("base retriever", "chosen"))
            + f"; chosen − base EM {format_interval(em['em'], 3)}, F1 "
-           f"{format_interval(em['f1'], 3)}." if em else ""))
+           f"{format_interval(em['f1'], 3)}." if em else "")
+        + (f"\n\nTransfer, reported not gated: on the {transfer['questions']} NQ questions with "
+           f"gold passages ({transfer['datastore_passages']:,} passages), recall@1 base "
+           f"{transfer['recall@1']['base retriever']:.3f}, chosen "
+           f"{transfer['recall@1']['chosen']:.3f} "
+           f"({format_interval(transfer['recall@1_chosen_vs_base'], 3)}, 95 % CI over "
+           "questions)." if transfer else ""))
     out = write_results("lsr_qa", args.config, payload, table,
                         ("retriever", "τ (dev)", "dev-pool loglik (fitted τ)", "test loglik",
                          "test Δ vs base [95 % CI]", *(f"recall@{k}" for k in rk),

@@ -47,6 +47,7 @@ from experiments.lsr_common import (
     pool_reusing,
     save_params,
     slug,
+    trained_with,
     variants,
 )
 from replug_jax.eval.stats import bpb_difference, format_interval
@@ -208,7 +209,7 @@ def main(argv=None):
         for v in variants(cfg):
             name = label(v)
             out = work / "runs" / f"{slug(name)}.json"
-            if out.exists() and json.loads(out.read_text()).get("config") == vars(v):
+            if out.exists() and trained_with(json.loads(out.read_text()).get("config"), v):
                 results[name] = json.loads(out.read_text())
                 if tag:  # its test values are of the other test set: only the chosen's
                     results[name]["test"] = None  # is recomputed (its parameters are kept)

@@ -351,6 +351,9 @@ def test_lsr_qa_recall_design_selects_at_the_fitted_tau_on_dev_recall(data, tmp_
     assert control["steps_run"] == 2 and control["best_step"] == 2  # fixed budget, no stop
     assert res["release_rule"].startswith(("passes", "fails")) and "−0.1 nats" in \
         res["release_rule"]
+    nq = res["transfer_nq"]  # reported, not gated: the NQ questions with gold passages
+    assert nq["questions"] > 0 and 0 <= nq["recall@1"]["chosen"] <= 1
+    assert "low" in nq["recall@1_chosen_vs_base"]
 
 
 def test_lsr_qa_nq_folds_test_every_question_once_by_retrievers_never_trained_on_it(

@@ -291,3 +291,22 @@ def test_a_pool_of_other_candidates_reuses_the_pairs_already_scored(tiny, tmp_pa
                                atol=1e-4)
     with pytest.raises(ValueError, match="not the known pool's"):
         pool_reusing(pool, _examples()[::-1], cand, scores, by_id, lm, tmp_path / "x", {})
+
+
+def test_a_saved_run_is_reused_when_trained_alike_whatever_json_made_of_it():
+    """A variant read back from its JSON (tuples become lists) and a run saved before a field
+    existed (the field at its default) count as trained alike; any changed setting does not."""
+    import dataclasses
+    import json
+
+    from experiments.lsr_common import trained_with
+    from replug_jax.train.pool import PoolTrainConfig
+
+    v = PoolTrainConfig(objective="kl_retriever_to_lm", gamma=1.0, beta=1.0)
+    stored = json.loads(json.dumps(vars(v)))
+    assert trained_with(stored, v)
+    old = {k: x for k, x in stored.items() if k not in ("tau_grid", "select_on", "early_stop")}
+    assert trained_with(old, v)
+    assert not trained_with(old, dataclasses.replace(v, select_on="recall@1"))
+    assert not trained_with({**stored, "gamma": 0.1}, v)
+    assert not trained_with(None, v)

@@ -200,6 +200,7 @@ CONFIGS = {
                                  steps=4, batch_size=2, eval_every=2, patience=2,
                                  eval_temperature=0.0, select_on="recall@1", control_steps=2,
                                  primary="recall@1", tau_grid=(0.1, 1.0), max_generate=0,
+                                 transfer_nq=True,
                                  lm_max_context=512, bootstrap_resamples=200, release=""),
     "tiny_nq": QAStudyConfig(dataset="nq", folds=2, distractors="enwiki:4", max_train=6,
                              max_dev=2, max_test=8, pool_size=3, k=2, recall_ks=(1, 2),
