@@ -52,9 +52,7 @@ def add_parsers(sub) -> None:
                    help="which programs: lm (all the LM's), retriever (all the retriever's), "
                         f"or any of {', '.join(LM_PROGRAMS + RETRIEVER_PROGRAMS)} "
                         "(default: lm retriever)")
-    for name in ("lm_batch", "context", "new_tokens", "prefix_len", "suffix_len",
-                 "lsr_batch", "lsr_docs", "query_len", "doc_len", "corpus", "topk_queries",
-                 "k", "encode_batch"):
+    for name in HELP:  # every size of a run (run_shapes.Shapes), one option each
         p.add_argument(f"--{name.replace('_', '-')}", type=positive_int,
                        default=getattr(d, name), help=HELP[name]
                        + f" (default {getattr(d, name):,})")
