@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install install-test models demo test bench wheels clean
+.PHONY: install install-test models demo test test-fast bench wheels clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,13 @@ models: $(PY)
 demo: install models
 	$(VENV)/bin/replug demo
 
+# The whole suite, with the 25 slowest tests listed at the end.
 test: install-test models
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rs --durations=25 tests
+
+# The suite without the tests marked slow (seconds each on 2 CPU cores): for the edit-test loop.
+test-fast: install-test models
+	$(PY) -m pytest -q -rs -m "not slow" --durations=10 tests
 
 bench: install-test models
 	$(PY) -m benches.run_all
