@@ -94,11 +94,14 @@ class Replug:
             raise ValueError(f"k must be positive, got {k}")
         if mode != "none" and (retriever is None or index is None):
             raise ValueError(f"mode {mode!r} needs a retriever and an index")
-        # τ: explicit, else the one fitted for the retriever (replug.json), else the paper's 1.
+        # τ: explicit, else the one fitted for the retriever (stored with its index or in its
+        # replug.json), else the paper's 1.
         fitted = getattr(retriever, "retrieval_temperature", None)
         tau = retrieval_temperature
-        self.retrieval_temperature_source = ("argument" if tau is not None else
-                                             "retriever" if fitted is not None else "default")
+        self.retrieval_temperature_source = (
+            "argument" if tau is not None else
+            getattr(retriever, "retrieval_temperature_source", None) or "retriever"
+            if fitted is not None else "the paper's default (1)")
         tau = tau if tau is not None else fitted or 1.0
         if not tau > 0:
             raise ValueError(f"the retrieval temperature τ of λ must be > 0, got {tau}")

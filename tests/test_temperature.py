@@ -136,7 +136,8 @@ def test_a_fitted_temperature_travels_with_the_retriever(tmp_path):
     index = index_in_memory(PASSAGES, retriever)
     pipe = Replug(tiny_lm(0), retriever, index, k=3)
     assert (pipe.retrieval_temperature,
-            pipe.settings("replug", 3)["retrieval_temperature_source"]) == (0.05, "retriever")
+            pipe.settings("replug", 3)["retrieval_temperature_source"]) == (
+                0.05, "the retriever's replug.json")
     assert Replug(tiny_lm(0), retriever, index,
                   retrieval_temperature=1.0).retrieval_temperature == 1.0
     with pytest.warns(DeprecationWarning, match="temperature= is now retrieval_temperature="):

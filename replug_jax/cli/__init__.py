@@ -3,15 +3,15 @@
 Every sub-command takes ``--help`` for its options, and every one that prints a result takes
 ``--json`` for machine-readable output. Values are checked as they are parsed (one line,
 exit code 2), before any model loads. One module per group of sub-commands:
-:mod:`~replug_jax.cli.index`, :mod:`~replug_jax.cli.infer`, :mod:`~replug_jax.cli.serve`,
-:mod:`~replug_jax.cli.train`.
+:mod:`~replug_jax.cli.index`, :mod:`~replug_jax.cli.infer`, :mod:`~replug_jax.cli.evaluate`,
+:mod:`~replug_jax.cli.serve`, :mod:`~replug_jax.cli.train`, :mod:`~replug_jax.cli.scale`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from replug_jax.cli import index, infer, scale, serve, train
+from replug_jax.cli import evaluate, index, infer, scale, serve, train
 from replug_jax.cli.common import Parser, setup_jax
 from replug_jax.models.registry import DEFAULT_LM, DEFAULT_RETRIEVER
 
@@ -24,7 +24,7 @@ def build_parser() -> Parser:
         "2024). Retrievers and LMs default to the packaged offline models "
         f"({DEFAULT_RETRIEVER}, {DEFAULT_LM}); any HF folder, hub id or .gguf file works too.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (index, infer, scale, serve, train):
+    for group in (index, infer, evaluate, scale, serve, train):
         group.add_parsers(sub)
     return parser
 

@@ -39,20 +39,25 @@ def make_lm(args):
     return load_flax_lm(args)
 
 
-def make_pipeline(args):
+def make_pipeline(args, lm=None, index=None, retriever=None, retrieve: bool | None = None):
+    """The pipeline the arguments describe; ``lm``, ``index``, ``retriever`` replace
+    ``--lm``/``--api-base``, ``--index`` and ``--retriever`` (``replug eval``'s second system
+    shares the first one's LM)."""
     from replug_jax.replug import Replug
     from replug_jax.retrieval.encoder import Retriever
 
-    lm = make_lm(args)
-    retriever = index = None
-    if args.mode != "none":
-        if args.index is None:
-            raise ValueError(f"mode {args.mode!r} needs --index (build one with `replug index "
+    lm = lm if lm is not None else make_lm(args)
+    mode = getattr(args, "mode", "replug")
+    index = index if index is not None else args.index
+    pipe_retriever = pipe_index = None
+    if (mode != "none") if retrieve is None else retrieve:
+        if index is None:
+            raise ValueError(f"mode {mode!r} needs --index (build one with `replug index "
                              "build`)")
-        retriever, index = Retriever.for_index(args.index, args.retriever)
-    return Replug(lm, retriever, index, k=args.k,
+        pipe_retriever, pipe_index = Retriever.for_index(index, retriever or args.retriever)
+    return Replug(lm, pipe_retriever, pipe_index, k=args.k,
                   retrieval_temperature=args.retrieval_temperature,
-                  separator=args.separator.encode().decode("unicode_escape"), mode=args.mode,
+                  separator=args.separator.encode().decode("unicode_escape"), mode=mode,
                   seed=args.seed, **search_options(args))
 
 
@@ -129,7 +134,8 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def add_pipeline_args(p) -> None:
+def add_pipeline_args(p, mode: bool = True) -> None:
+    """The options of a REPLUG pipeline (``mode=False``: all but ``--mode``)."""
     p.add_argument("--index", type=index_dir, default=None,
                    help="index directory from `replug index build` (not needed with "
                    "--mode none)")
@@ -146,10 +152,11 @@ def add_pipeline_args(p) -> None:
                    "older name")
     p.add_argument("--separator", default="\\n\\n",
                    help="text between a document and the input (default: a blank line)")
-    p.add_argument("--mode", "--baseline", dest="mode", choices=MODES, default="replug",
-                   help="replug (ensemble, default), none (LM alone), concat (all k documents "
-                   "in one prompt), top1, random (k random documents); --baseline is its "
-                   "older name")
+    if mode:
+        p.add_argument("--mode", "--baseline", dest="mode", choices=MODES, default="replug",
+                       help="replug (ensemble, default), none (LM alone), concat (all k "
+                       "documents in one prompt), top1, random (k random documents); "
+                       "--baseline is its older name")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and random documents")
     add_flax_lm_args(p)
     p.add_argument("--api-base", default=None,

@@ -66,11 +66,13 @@ class QAEvaluator:
     ``demonstrations`` (question, answer pairs) then the question, and the retrieval query is
     the question alone; ``layout`` (``prompts.QA_LAYOUTS``) puts the demonstrations after the
     document (``document_first``, the paper's ``d ∘ demonstrations ∘ question``) or before it
-    (``demonstrations_first``: a prefix every branch shares). ``gold_doc`` maps a question index to its gold passage id, when known
-    (the gold passage's mean weight λ and recall@k are then reported). With ``partial``, every
-    per-question record is appended to that JSONL file as it is computed and reused on a rerun
-    with the same ``label``: an interrupted evaluation resumes where it stopped. After ``run``,
-    ``records[row]`` holds each row's per-question records in ``selected`` order (for paired
+    (``demonstrations_first``: a prefix every branch shares). ``gold_doc`` maps a question
+    index to its gold passage id, or to the tuple of passage ids of its gold document, when
+    known (the gold passages' mean weight λ and recall@k are then reported). With
+    ``partial``, every per-question record is appended to that JSONL file as it is computed
+    and reused on a rerun with the same ``label``: an interrupted evaluation resumes where it
+    stopped. After ``run``, ``records[row]`` holds each row's per-question records in
+    ``selected`` order (for paired
     intervals between rows or between runs).
     """
 
@@ -99,7 +101,7 @@ class QAEvaluator:
         if self.layout.startswith("chat_") and self.demonstrations:
             raise ValueError(f"layout {self.layout!r} is zero-shot: give no demonstrations")
 
-    def _prompt(self, i: int, tokenizer=None) -> tuple[str, str]:
+    def prompt(self, i: int, tokenizer=None) -> tuple[str, str]:
         """``(prefix, prompt)`` of question ``i`` in the evaluator's layout (the chat layouts
         need the LM's ``tokenizer``)."""
         from replug_jax.prompts import demonstrations_text, qa_branch_input, qa_prompt
@@ -126,9 +128,11 @@ class QAEvaluator:
             rec = {"loglik": s.loglik, "cost": {"lm_calls": s.cost["lm_calls"],
                                                 "input_tokens": s.cost["input_tokens"]}}
             if mode == "replug" and self.gold_doc is not None and i in self.gold_doc:
+                gold = self.gold_doc[i]  # a passage id, or every passage of one document
+                gold = set(gold) if isinstance(gold, (tuple, list, set)) else {gold}
                 w = dict(zip(s.doc_ids, s.weights))
-                rec.update(gold_weight=w.get(self.gold_doc[i], 0.0),
-                           gold_hit=self.gold_doc[i] in w)
+                rec.update(gold_weight=float(sum(w.get(g, 0.0) for g in gold)),
+                           gold_hit=bool(gold & w.keys()))
         if mode in self.generate_modes:
             [g] = pipe.generate([prompt], self.max_new_tokens, stop=["\n"], queries=[question],
                                 mode=mode, **shared)
@@ -158,7 +162,7 @@ class QAEvaluator:
         from tqdm.auto import tqdm
 
         tokenizer = getattr(getattr(pipe, "lm", None), "tokenizer", None)
-        prompts = {i: self._prompt(i, tokenizer) for i in self.selected}
+        prompts = {i: self.prompt(i, tokenizer) for i in self.selected}
         done = self._done()
         out = {}
         for mode in self.modes:

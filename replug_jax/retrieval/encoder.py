@@ -79,6 +79,8 @@ class Retriever:
         # The τ of λ = softmax(s / τ) fitted for this retriever on dev data (replug.json), which
         # Replug uses unless told otherwise; None: no fitted value, REPLUG's τ = 1 applies.
         self.retrieval_temperature = retrieval_temperature
+        self.retrieval_temperature_source = ("the retriever's replug.json"
+                                             if retrieval_temperature is not None else None)
         self.mesh = _local_mesh(devices)
         self._device = None  # one device other than the default (see on_devices)
         # a separate query encoder (two towers, see load); None: this encoder embeds both
@@ -131,14 +133,22 @@ class Retriever:
     def for_index(cls, directory: str | pathlib.Path, source: str | None = None):
         """The query encoder an index was built with (recorded in its manifest; ``source``
         overrides the weights, not the pooling or similarity) and the index, loaded and
-        checked against it: ``(retriever, index)``."""
+        checked against it: ``(retriever, index)``. A τ fitted on dev data with this index and
+        query encoder (``replug fit-tau``, :mod:`~replug_jax.retrieval.fitted_tau`) becomes
+        the retriever's."""
         from replug_jax.retrieval.faiss_index import Index
 
         enc = Index.info(directory)["encoder"]
         retriever = cls.load(source or enc.get("source", DEFAULT_RETRIEVER),
                              similarity=enc.get("similarity", "cosine"),
                              max_length=enc.get("max_length", 512))
-        return retriever, Index.load(directory, expect_encoder=retriever.identity)
+        index = Index.load(directory, expect_encoder=retriever.identity)
+        from replug_jax.retrieval import fitted_tau
+
+        stored = fitted_tau.read(directory, retriever.identity)
+        if stored is not None:  # fitted for this query encoder, corpus and an LM: it applies
+            retriever.retrieval_temperature, retriever.retrieval_temperature_source = stored
+        return retriever, index
 
     @property
     def dim(self) -> int:

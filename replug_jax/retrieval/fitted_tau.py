@@ -1,0 +1,62 @@
+"""The retrieval temperature τ of ``λ = softmax(s(d, x) / τ)`` (paper Eq. 2) fitted on a
+user's dev file, kept beside the index it was fitted with (``retrieval_temperature.json``).
+
+τ depends on the query encoder (the scale of its similarities), the corpus and the LM, so the
+record names all three. :meth:`~replug_jax.retrieval.encoder.Retriever.for_index` applies it
+when the query encoder is the one it was fitted for; ``replug ask``, ``generate``, ``score``,
+``eval`` and ``serve`` all load retrievers that way, and every result's settings say where τ
+came from (``retrieval_temperature_source``). An explicit ``--retrieval-temperature`` wins.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import warnings
+
+FILE = "retrieval_temperature.json"
+
+
+def query_fingerprint(identity: dict) -> str:
+    """The query encoder's fingerprint (a two-tower retriever's query tower, else the one
+    encoder) from :attr:`Retriever.identity`."""
+    return identity.get("query_fingerprint", identity["fingerprint"])
+
+
+def write(index_dir: str | pathlib.Path, temperature: float, retriever_identity: dict,
+          evidence: dict) -> pathlib.Path:
+    """Store τ with the index; ``evidence`` says what it was fitted on (the file, the LM, the
+    log-likelihoods at τ = 1 and at the fit)."""
+    from replug_jax.fileio import write_json_atomic
+
+    if not temperature > 0:
+        raise ValueError(f"the retrieval temperature must be > 0, got {temperature}")
+    path = pathlib.Path(index_dir) / FILE
+    write_json_atomic({"temperature": float(temperature),
+                       "query_encoder": {"source": retriever_identity.get(
+                           "query_source", retriever_identity["source"]),
+                           "fingerprint": query_fingerprint(retriever_identity)},
+                       "fit": evidence}, path)
+    return path
+
+
+def read(index_dir: str | pathlib.Path, retriever_identity: dict) -> tuple[float, str] | None:
+    """``(τ, where it came from)`` stored with the index for this query encoder, or None (no
+    fit stored, or one for another query encoder: a note says it is not used)."""
+    path = pathlib.Path(index_dir) / FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        tau = float(record["temperature"])
+        fitted_for = record["query_encoder"]["fingerprint"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a readable τ record ({err}); delete it or fit again "
+                         "with `replug fit-tau`") from err
+    if fitted_for != query_fingerprint(retriever_identity):
+        warnings.warn(f"{path}: τ = {tau:g} was fitted for another query encoder "
+                      f"({record['query_encoder'].get('source')}): not used", stacklevel=2)
+        return None
+    fit = record.get("fit", {})
+    return tau, (f"fitted on {fit.get('data', '?')} with {fit.get('lm', '?')} "
+                 f"(stored with the index, {FILE})")
