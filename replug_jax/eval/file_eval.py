@@ -115,7 +115,7 @@ def qa_rows(data: EvalData, systems: dict, settings: EvalSettings, records: path
 
 
 def _windows(data: EvalData, pipe, settings: EvalSettings):
-    docs = [Document(it.id, "", it.text) for it in data.items]
+    docs = [Document(it.id, it.text) for it in data.items]
     tokenizer = getattr(pipe.lm, "tokenizer", None)
     if tokenizer is None:
         raise ValueError("a text file is cut into windows with the LM's tokenizer: give a "
@@ -211,13 +211,16 @@ def comparisons(data: EvalData, per_item: dict, systems: Sequence[str],
                                clusters=clusters if len(set(clusters)) > 1 else None, **kw)
             out.append({"row": row, "reference": ref, "metric": "bits_per_byte", **d})
             continue
-        clusters = data.groups if data.groups and len(set(data.groups)) > 1 else None
         for metric, field in (("answer_loglik", "loglik"), ("exact_match", "em"), ("f1", "f1"),
                               ("gold_recall", "gold_hit")):
-            if all(field in r for r in a) and all(field in r for r in b) and len(a) > 1:
-                out.append({"row": row, "reference": ref, "metric": metric, **paired_bootstrap(
-                    [float(r[field]) for r in a], [float(r[field]) for r in b],
-                    clusters=clusters, **kw)})
+            # the items both rows measured (gold recall: those naming a gold passage)
+            both = [i for i, (x, y) in enumerate(zip(a, b)) if field in x and field in y]
+            groups = [data.groups[i] for i in both] if data.groups else None
+            if len(both) < 2:
+                continue
+            out.append({"row": row, "reference": ref, "metric": metric, **paired_bootstrap(
+                [float(a[i][field]) for i in both], [float(b[i][field]) for i in both],
+                clusters=groups if groups and len(set(groups)) > 1 else None, **kw)})
     return out
 
 

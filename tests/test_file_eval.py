@@ -1,0 +1,187 @@
+"""`replug eval` and `replug fit-tau` on a user's file (replug_jax/eval/datasets.py,
+file_eval.py, file_report.py, retrieval/fitted_tau.py): rows equal the pipeline scored
+directly, paired differences equal the records' means, a rerun resumes without the LM, τ is
+the cached fit and is applied by Retriever.for_index for its query encoder only."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from replug_jax.eval.datasets import read_eval_file
+from replug_jax.eval.file_eval import (
+    EvalSettings,
+    branch_cache,
+    evaluate_file,
+    fit_temperature_on_file,
+)
+from replug_jax.eval.perplexity import WindowSettings, evaluate_lm
+from replug_jax.eval.temperature import fit_temperature
+from replug_jax.replug import Replug
+from replug_jax.retrieval.corpus import Document, Passage
+from replug_jax.retrieval.index import index_in_memory
+from tests._models import save_tiny_bert, tiny_lm, tiny_retriever
+
+pytestmark = pytest.mark.models
+
+PASSAGES = [Passage(i, f"The {name} river flows through {town}.", name, f"doc-{name}")
+            for i, (name, town) in enumerate([("Amber", "Lindholm"), ("Birch", "Oskar"),
+                                               ("Cedar", "Tallin"), ("Dove", "Vemund"),
+                                               ("Elm", "Rask"), ("Fern", "Ulla")])]
+QA = [{"id": "a", "question": "Where does the Amber river flow?", "answer": "Lindholm",
+       "gold_doc": "doc-Amber", "group": "g1"},
+      {"id": "b", "question": "Where does the Birch river flow?", "answers": ["Oskar", "oskar"],
+       "gold_doc": 1, "group": "g1"},
+      {"id": "c", "question": "Where does the Cedar river flow?", "answer": "Tallin",
+       "group": "g2"},
+      {"id": "d", "question": "Which river flows through Vemund?", "answer": "the Dove",
+       "gold_doc": "doc-Dove", "group": "g3"}]
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _pipe(seed=0, k=2):
+    retriever = tiny_retriever(seed)
+    return Replug(tiny_lm(0), retriever, index_in_memory(PASSAGES, retriever), k=k)
+
+
+def test_a_file_is_read_with_its_kind_and_refused_in_one_line(tmp_path):
+    data = read_eval_file(_write(tmp_path / "qa.jsonl", QA))
+    assert data.kind == "qa" and len(data) == 4
+    assert data.items[1].answers == ("Oskar", "oskar") and data.items[0].gold_doc == "doc-Amber"
+    assert data.groups == ["g1", "g1", "g2", "g3"]
+    assert len(read_eval_file(tmp_path / "qa.jsonl", limit=2)) == 2
+    text = read_eval_file(_write(tmp_path / "t.jsonl", [{"text": "one two"}, {"text": "x"}]))
+    assert text.kind == "text" and text.groups is None and text.items[0].id == "1"
+    (tmp_path / "doc.txt").write_text("A whole text.\n")
+    assert read_eval_file(tmp_path / "doc.txt").items[0].text == "A whole text.\n"
+    for rows, message in (
+            ([{"question": "q?"}], "'answer' must be a string"),
+            ([{"question": "q?", "answer": "a"}, {"text": "t"}], "needs a non-empty 'question'"),
+            ([{"id": 1, "question": "q?", "answer": "a"}] * 2, "id '1' appears twice"),
+            ([{"question": "q?", "answer": "a", "gold_doc": 1.5}], "'gold_doc' must be"),
+            ([{"prompt": "p"}], "needs 'question' and 'answer' \\(QA\\) or 'text'")):
+        with pytest.raises(ValueError, match=message):
+            read_eval_file(_write(tmp_path / "bad.jsonl", rows))
+
+
+@pytest.mark.slow
+def test_qa_rows_equal_direct_scoring_differences_are_paired_and_a_rerun_resumes(tmp_path):
+    data = read_eval_file(_write(tmp_path / "qa.jsonl", QA))
+    pipe = _pipe()
+    settings = EvalSettings(modes=("none", "replug", "top1"), max_new_tokens=3, resamples=500)
+    report = evaluate_file(data, {"base": pipe}, settings, tmp_path / "out", progress=False)
+    # the LM alone, scored here directly on `replug ask`'s prompt (SmolLM2's tokenizer has a
+    # chat template: the chat turn's head, then the question and the assistant's tail)
+    from replug_jax.prompts import qa_branch_input
+
+    direct = []
+    for row in QA:
+        context, head = qa_branch_input(row["question"], pipe.lm.tokenizer, "inside")
+        answer = row.get("answer") or row["answers"][0]
+        [s] = pipe.lm.score_continuations([head + context], [" " + answer])
+        direct.append(s.total)
+    rows = report["rows"]
+    assert rows["none"]["mean_answer_loglik"] == pytest.approx(np.mean(direct), rel=1e-5)
+    # gold recall: every question naming a gold passage found it among 6 with k = 2 or not;
+    # the string id "doc-Amber" and the passage id 1 both count
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").open()]
+    replug = [r for r in records if r["mode"] == "replug"]
+    assert sum("gold_hit" in r for r in replug) == 3
+    assert rows["replug"]["gold_recall_at_k"] == pytest.approx(
+        np.mean([r["gold_hit"] for r in replug if "gold_hit" in r]))
+    # each comparison is the difference of the two rows' means, clustered by the 3 groups
+    by = {(c["row"], c["metric"]): c for c in report["comparisons"]}
+    d = by[("replug", "answer_loglik")]
+    assert d["difference"] == pytest.approx(rows["replug"]["mean_answer_loglik"]
+                                            - rows["none"]["mean_answer_loglik"], abs=1e-9)
+    assert d["clusters"] == 3 and d["low"] <= d["difference"] <= d["high"]
+    assert ("top1", "exact_match") in by
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} >= {"results.json", "summary.md", "records.jsonl",
+                                                 "results.png"}
+    assert "| replug | none | answer_loglik |" in (out / "summary.md").read_text()
+    # a rerun with the same settings reads every record back: the LM is never called
+    pipe.lm.score_continuations = pipe.lm.generate = None
+    again = evaluate_file(data, {"base": pipe}, settings, out, progress=False)
+    assert again["rows"] == report["rows"]
+
+
+@pytest.mark.slow
+def test_a_second_retriever_is_compared_mode_by_mode(tmp_path):
+    data = read_eval_file(_write(tmp_path / "qa.jsonl", QA))
+    base, other = _pipe(0, k=1), _pipe(1, k=1)
+    other.lm = base.lm
+    settings = EvalSettings(modes=("none", "replug"), generate=False, resamples=200)
+    report = evaluate_file(data, {"base": base, "trained": other}, settings, tmp_path / "o",
+                           progress=False)
+    assert list(report["rows"]) == ["none", "replug", "replug@trained"]
+    pairs = {(c["row"], c["reference"], c["metric"]) for c in report["comparisons"]}
+    assert ("replug@trained", "replug", "answer_loglik") in pairs
+    assert ("replug@trained", "replug", "gold_recall") in pairs
+    assert report["systems"]["trained"]["retriever"]["fingerprint"] == "tiny-bert-1"
+
+
+@pytest.mark.slow
+def test_text_rows_equal_the_language_modelling_evaluator(tmp_path):
+    texts = [{"id": "t1", "text": " ".join(f"word{i}" for i in range(60))},
+             {"id": "t2", "text": "The Amber river flows through Lindholm. " * 6}]
+    data = read_eval_file(_write(tmp_path / "t.jsonl", texts))
+    pipe = _pipe()
+    windows = WindowSettings(context_tokens=16, stride=16, query_tokens=16, skip_first=8,
+                             leakage="none")
+    settings = EvalSettings(modes=("none", "replug"), windows=windows, resamples=200)
+    report = evaluate_file(data, {"base": pipe}, settings, tmp_path / "o", progress=False)
+    reference = evaluate_lm(pipe, [Document(t["id"], t["text"]) for t in texts], windows,
+                            progress=False)
+    for mode in ("none", "replug"):
+        assert report["rows"][mode]["bits_per_byte"] == pytest.approx(
+            reference["modes"][mode]["bits_per_byte"], rel=1e-5)
+    [c] = report["comparisons"]
+    assert c["metric"] == "bits_per_byte" and c["clusters"] == 2
+    assert c["difference"] == pytest.approx(report["rows"]["replug"]["bits_per_byte"]
+                                            - report["rows"]["none"]["bits_per_byte"])
+
+
+@pytest.mark.slow
+def test_fit_tau_is_the_cache_fit_and_for_index_applies_it_to_its_encoder_only(tmp_path):
+    from replug_jax.retrieval import fitted_tau
+    from replug_jax.retrieval.build import build_index
+    from replug_jax.retrieval.encoder import Retriever
+
+    data = read_eval_file(_write(tmp_path / "dev.jsonl", QA))
+    pipe = _pipe(k=3)
+    settings = EvalSettings()
+    fit = fit_temperature_on_file(data, pipe, settings, progress=False)
+    expected = fit_temperature(branch_cache(data, pipe, settings, progress=False))
+    assert fit["temperature"] == pytest.approx(expected["temperature"], rel=1e-6)
+    assert fit["loglik_per_example_at_fit"] >= fit["loglik_per_example_at_1"] - 1e-9
+    assert fit["scored"] == 4 and "cross_fitted_loglik_per_example" in fit
+    # stored beside an index on disk, used by for_index for the same query encoder
+    folder = save_tiny_bert(tmp_path / "bert", seed=0)
+    retriever = Retriever.load(str(folder))
+    build_index(PASSAGES, retriever, tmp_path / "idx", progress=False)
+    fitted_tau.write(tmp_path / "idx", 0.037, retriever.identity, {"data": "dev.jsonl",
+                                                                    "lm": "tiny"})
+    loaded, index = Retriever.for_index(tmp_path / "idx")
+    assert loaded.retrieval_temperature == 0.037
+    p = Replug(tiny_lm(0), loaded, index, k=2)
+    s = p.settings("replug", 2)
+    assert s["retrieval_temperature"] == 0.037
+    assert "fitted on dev.jsonl with tiny" in s["retrieval_temperature_source"]
+    assert Replug(tiny_lm(0), loaded, index, retrieval_temperature=0.5).settings(
+        "replug", 2)["retrieval_temperature_source"] == "argument"
+    # a query tower of its own (a retriever trained by LSR on its query side) is another
+    # query encoder: the stored τ is not applied to it
+    trained_query = {**retriever.identity, "query_source": "trained",
+                     "query_fingerprint": "f00"}
+    with pytest.warns(UserWarning, match="fitted for another query encoder"):
+        assert fitted_tau.read(tmp_path / "idx", trained_query) is None
+    (tmp_path / "idx" / fitted_tau.FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable τ record"):
+        Retriever.for_index(tmp_path / "idx")
+    assert not math.isnan(fit["temperature"])
