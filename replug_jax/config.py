@@ -1,8 +1,11 @@
-"""One way to configure a run: a Python file of named variants, ``file.py:variant``, and
-``--set key=value`` overrides coerced to each field's type. ``replug train-lsr`` and every
-experiment script use it, and every problem is a :class:`ConfigError` naming the key.
+"""One way to configure a run: a file of named variants, ``file.py:variant`` or
+``file.json:variant``, and ``--set key=value`` overrides coerced to each field's type.
+``replug train-lsr`` and every experiment script use it, and every problem is a
+:class:`ConfigError` naming the key.
 
-A config file defines ``CONFIGS = {"default": <dataclass instance or dict>, "tiny": ..., }``.
+A Python config file defines ``CONFIGS = {"default": <dataclass instance or dict>, "tiny":
+..., }``; a JSON one is an object of fields (variant ``default``) or ``{"configs": {variant:
+{fields}}}``.
 """
 
 from __future__ import annotations
@@ -107,10 +110,25 @@ def _line(err: BaseException, path: pathlib.Path) -> str:
 
 
 def read_variants(path: str | pathlib.Path) -> dict:
-    """The ``CONFIGS`` dict of a config file."""
+    """The ``CONFIGS`` dict of a config file: a Python file's ``CONFIGS``, or a JSON file's
+    ``"configs"`` object (``{variant: {field: value}}``), or a JSON object of fields (its one
+    variant is ``default``)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
+    if path.suffix == ".json":
+        try:
+            obj = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{path}: a JSON config is an object of fields, or "
+                              '{"configs": {variant: {fields}}}')
+        configs = obj["configs"] if "configs" in obj else {"default": obj}
+        if not isinstance(configs, dict) or not all(isinstance(c, dict)
+                                                    for c in configs.values()):
+            raise ConfigError(f'{path}: "configs" must map each variant to an object of fields')
+        return configs
     spec = importlib.util.spec_from_file_location(f"_replug_cfg_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -161,9 +179,10 @@ def load(spec: str, overrides: typing.Iterable[str] = (), *, cls=None,
     """``path/to/config.py[:variant]`` (or a bare ``variant`` of ``default_file``) ->
     ``(config, variant)``."""
     path_text, sep, variant = spec.partition(":")
-    if not sep and not path_text.endswith(".py"):
+    if not sep and not path_text.endswith((".py", ".json")):
         if default_file is None:
-            raise ConfigError(f"{spec!r}: give a config file, path/to/config.py[:variant]")
+            raise ConfigError(f"{spec!r}: give a config file, path/to/config.py[:variant] "
+                              "or config.json[:variant]")
         path_text, variant = str(default_file), spec
     variant = variant or "default"
     configs = read_variants(path_text)

@@ -467,6 +467,23 @@ def test_one_config_loader_for_training_and_experiments(tmp_path):
     assert lsr.learning_rate == 1e-3 and lsr.remat is True
     with pytest.raises(ConfigError, match="k expects an integer"):
         load_config("experiments/configs/lsr_nq.py:tiny", ["k=4.5"])
+    # a JSON config: an object of fields (variant default) or {"configs": {variant: fields}}
+    from replug_jax.config import read_variants
+
+    py_tiny = read_variants("experiments/configs/lsr_nq.py")["tiny"]
+    fields = py_tiny.to_json() if hasattr(py_tiny, "to_json") else dict(py_tiny)
+    (tmp_path / "one.json").write_text(json.dumps(fields))
+    (tmp_path / "many.json").write_text(json.dumps({"configs": {"tiny": fields,
+                                                                "big": {**fields, "k": 7}}}))
+    same, variant = load_config(str(tmp_path / "one.json"), ["learning_rate=1e-3"])
+    assert variant == "default" and same.k == lsr.k and same.learning_rate == 1e-3
+    assert load_config(f"{tmp_path / 'many.json'}:big")[0].k == 7
+    (tmp_path / "typo.json").write_text(json.dumps({**fields, "totl_steps": 3}))
+    with pytest.raises(ConfigError, match="unknown config key 'totl_steps'.*total_steps"):
+        load_config(str(tmp_path / "typo.json"))
+    (tmp_path / "broken.json").write_text("{\n  \"k\": 3,\n}")
+    with pytest.raises(ConfigError, match="broken.json:3: not valid JSON"):
+        load_config(str(tmp_path / "broken.json"))
 
 
 def test_prefetched_lm_scoring_gives_the_synchronous_run(tmp_path, monkeypatch):
