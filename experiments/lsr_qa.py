@@ -65,6 +65,7 @@ from replug_jax.train.pool import (
     train_on_pool,
 )
 from replug_jax.train.refresh import unflatten_params
+from replug_jax.train.release import passes as release_passes
 from replug_jax.train.supervision import branch_prompts
 
 BASE = "base retriever"
@@ -361,7 +362,7 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
             for r in cfg.recall_ks:
                 rows[n][f"recall@{r}_vs_base"] = compare(hits[n][r], hits[BASE][r], art, cfg)
     primary = rows[chosen]["vs_base"]
-    passes = primary["low"] > 0
+    passes = release_passes(primary, higher_is_better=True)
     wide = None
     if getattr(cfg, "primary", "loglik") == "recall@1":
         # recall@1 on every test question (study.recall_test, or the LM's test questions),
@@ -377,7 +378,8 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
                             for n, h in hits_all.items() if n != BASE}}
         gate = rows[chosen]["vs_base"]
         primary = wide["vs_base"][chosen]["1"]
-        passes = primary["low"] > 0 and gate["low"] > -cfg.loglik_margin
+        passes = release_passes(primary, higher_is_better=True) and \
+            gate["low"] > -cfg.loglik_margin
     dev_art = [q.article for f in folds for q in f["questions"]["dev"]]
     headroom = {"dev": compare(cat("oracle", "dev"), cat("base_ll", "dev"), dev_art, cfg),
                 "test": compare(cat("oracle", "test"), cat("base_ll", "test"), art, cfg)

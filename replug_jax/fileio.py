@@ -18,15 +18,25 @@ from typing import Iterator
 def atomic_path(path: str | pathlib.Path, suffix: str = "") -> Iterator[pathlib.Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path``, on an error it
     is removed. ``suffix`` keeps an extension that a writer insists on (``np.save``: ``.npy``).
-    The name carries the process id, so processes writing the same file never collide."""
+    The name carries the process id, so processes writing the same file never collide. The
+    file gets the mode the umask gives a new file (a writer's private 0600 would leave a
+    release unreadable to the other users of a machine)."""
     path = pathlib.Path(path)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}{suffix}")
     try:
         yield tmp
+        if tmp.is_file():  # a writer's private mode (safetensors: 0600) becomes the usual one
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(text: str, path: str | pathlib.Path) -> None:

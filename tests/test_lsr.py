@@ -238,9 +238,11 @@ def test_evaluate_and_export_round_trip(tmp_path):
     from replug_jax.models import load_retriever
     from replug_jax.retrieval.encoder import Retriever
 
-    out = t.export(tmp_path / "exported")
-    card = (out / "MODEL_CARD.md").read_text()
+    out = t.export(tmp_path / "exported", dtype="float32")
+    card = (out / "README.md").read_text()
     assert "steps: 2 of 2" in card and '"recall@1"' in card
+    assert card.startswith("---\nlibrary_name: sentence-transformers")
+    assert "**Not tested against its base.**" in card and "SHA-256" in card
     # the folder carries the lengths it was trained with, and loading honours them
     assert json.loads((out / "replug.json").read_text())["doc_max_length"] == 32
     back = Retriever.load(str(out))
@@ -250,6 +252,46 @@ def test_evaluate_and_export_round_trip(tmp_path):
     np.testing.assert_allclose(back.encode(texts), t.retriever.encode(
         texts, params=jax.device_get(t.state.params)), atol=1e-5)
     assert isinstance(load_retriever(str(out)).encoder, type(t.retriever.model.encoder))
+
+
+def test_an_export_states_its_comparison_under_the_release_rule(tmp_path):
+    """export-retriever's card: a comparison of these very weights (float16, the same bytes
+    on every export) decides the verdict by the release rule; a comparison of other weights
+    is refused and the previous export stays; files are readable by others."""
+    import stat
+
+    from replug_jax.models.weights import fingerprint, resolve, weight_files
+    from replug_jax.train.release import passes
+
+    t = make_trainer(tmp_path, cfg=dataclasses.replace(BASE, total_steps=1))
+    t.run()
+    out = t.export(tmp_path / "rel")  # what export-retriever writes, float16 by default
+    assert "**Not tested against its base.**" in (out / "README.md").read_text()
+    assert (out / "model.safetensors").stat().st_mode & stat.S_IROTH
+    fp = fingerprint(weight_files(resolve(out)))
+
+    def results(fp, low, high):
+        path = tmp_path / f"results_{low}.json"
+        path.write_text(json.dumps({
+            "file": "test.jsonl", "kind": "qa", "examples": 40, "settings": {"k": 4},
+            "systems": {"base": {"retriever": {"fingerprint": "b"}},
+                        "trained": {"retriever": {"fingerprint": fp, "source": "rel"}}},
+            "comparisons": [{"row": "replug@trained", "reference": "replug",
+                             "metric": "answer_loglik", "difference": (low + high) / 2,
+                             "low": low, "high": high, "confidence": 0.95, "items": 40}]}))
+        return path
+
+    t.export(tmp_path / "rel", comparison=results(fp, 0.1, 0.5))
+    assert "**Better than its base**: +0.3000 [+0.1000, +0.5000]" in (
+        out / "README.md").read_text()
+    t.export(tmp_path / "rel", comparison=results(fp, -0.2, 0.4))
+    assert "**Not better than its base**" in (out / "README.md").read_text()
+    with pytest.raises(ValueError, match="whose weights are not these"):
+        t.export(tmp_path / "rel", comparison=results("0ther", 0.1, 0.5))
+    assert "**Not better than its base**" in (out / "README.md").read_text()  # kept
+    assert not (tmp_path / "rel.staged").exists()
+    assert passes({"low": -0.02, "high": -0.01}, higher_is_better=False)
+    assert not passes({"low": -0.02, "high": 0.01}, higher_is_better=False)
 
 
 def test_supervision_scores_the_prompts_replug_serves(tmp_path, monkeypatch):

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pathlib
 
-from replug_jax.cli.common import command, emit, existing_dir, mesh_shape, positive_int
+from replug_jax.cli.common import (
+    command,
+    emit,
+    existing_dir,
+    existing_file,
+    mesh_shape,
+    positive_int,
+)
 
 
 def cmd_train_lsr(args) -> int:
@@ -32,8 +39,12 @@ def cmd_train_lsr(args) -> int:
 def cmd_export_retriever(args) -> int:
     from replug_jax.train.export import export_run
 
-    out, step = export_run(args.workdir, args.out, args.step)
-    emit(args, {"out": str(out), "step": step}, f"exported step {step} -> {out}")
+    from replug_jax.train.release import verdict
+
+    out, step, tested = export_run(args.workdir, args.out, args.step, dtype=args.dtype,
+                                   comparison=args.comparison, metric=args.metric)
+    emit(args, {"out": str(out), "step": step, "dtype": args.dtype, "comparison": tested},
+         f"exported step {step} ({args.dtype}) -> {out}\n{verdict(tested)}")
     return 0
 
 
@@ -71,11 +82,25 @@ def add_parsers(sub) -> None:
     ex = command(sub, "export-retriever", cmd_export_retriever,
                  help="write a trained retriever in HF layout",
                  description="Export the latest checkpoint of an LSR run (or the "
-                             "one of --step) as a transformers-loadable BERT folder with a model "
-                             "card.")
+                             "one of --step) as a transformers- and sentence-transformers-"
+                             "loadable BERT folder (float16 by default) with a README.md card: "
+                             "metadata, the weights' SHA-256, the lengths it was trained with, "
+                             "how to load it, and its comparison with its base (--comparison) "
+                             "or the statement that it was not tested against it.")
     ex.add_argument("--workdir", required=True, type=existing_dir, help="the LSR run directory")
     ex.add_argument("--step", type=int, default=None,
                     help="export the checkpoint saved at this step (default: the newest; "
                          "keep_checkpoints decides which are kept)")
     ex.add_argument("--out", required=True, type=pathlib.Path,
                     help="output folder, e.g. checkpoints/minilm-lsr-nq")
+    ex.add_argument("--dtype", choices=("float16", "float32"), default="float16",
+                    help="weight dtype of the release (default float16)")
+    ex.add_argument("--comparison", type=existing_file, default=None,
+                    help="results.json of `replug eval --compare-retriever <this folder>` on "
+                         "held-out data: the card then states the difference from the base "
+                         "and whether it passes the release rule (checkpoints/README.md); "
+                         "without it the card says it was not tested against its base")
+    ex.add_argument("--metric", choices=("answer_loglik", "exact_match", "f1", "gold_recall",
+                                         "bits_per_byte"), default=None,
+                    help="the comparison's deciding metric (default: answer_loglik for QA, "
+                         "bits_per_byte for texts)")

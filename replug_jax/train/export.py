@@ -1,8 +1,10 @@
 """Export a trained retriever from an LSR work directory, without loading its data or LM.
 
 The exported folder is a ``transformers``-loadable BERT (see
-:func:`replug_jax.models.export_retriever`) with ``MODEL_CARD.md`` and ``replug.json``: the
-similarity and the sequence lengths the retriever was trained with, which
+:func:`replug_jax.models.export_retriever`), float16 by default, with a ``README.md`` card
+(metadata, the verdict against its base under the release rule of
+:mod:`replug_jax.train.release`, the weights' SHA-256, how to load it) and ``replug.json``:
+the similarity and the sequence lengths the retriever was trained with, which
 :meth:`replug_jax.retrieval.encoder.Retriever.load` honours, so that it is evaluated on the
 views of passages and queries it was trained on.
 """
@@ -36,9 +38,13 @@ def retriever_settings(cfg: LSRConfig) -> dict:
 
 
 def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
-               step: int | None = None) -> tuple[pathlib.Path, int]:
-    """The newest checkpoint of ``workdir`` (or the one of ``step``) as a retriever folder;
-    returns ``(path, step)``."""
+               step: int | None = None, *, dtype: str = "float16",
+               comparison: str | pathlib.Path | None = None,
+               metric: str | None = None) -> tuple[pathlib.Path, int, dict | None]:
+    """The newest checkpoint of ``workdir`` (or the one of ``step``) as a retriever folder in
+    ``dtype``; with ``comparison`` (``replug eval``'s ``results.json`` of this very folder
+    against its base) the card states the result and whether it passes the release rule.
+    Returns ``(path, step, comparison or None)``."""
     workdir = pathlib.Path(workdir)
     cfg = saved_config(workdir)
     model = load_retriever(cfg.retriever)
@@ -49,22 +55,43 @@ def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
     if state is None:
         raise ValueError(f"{workdir}: no checkpoint to export")
     encoder = to_module(graphdef, template, jax.device_get(state.params))
-    return write_retriever(model, encoder, out_dir, cfg, step, workdir), step
+    return write_retriever(model, encoder, out_dir, cfg, step, workdir, dtype=dtype,
+                           comparison=comparison, metric=metric)
 
 
 def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
-                    workdir: str | pathlib.Path) -> pathlib.Path:
-    """``model`` with the trained ``encoder`` in HF layout, its model card (with the run's dev
-    metrics) and ``replug.json``."""
+                    workdir: str | pathlib.Path, *, dtype: str = "float16",
+                    comparison: str | pathlib.Path | None = None, metric: str | None = None):
+    """``model`` with the trained ``encoder`` in HF layout (weights in ``dtype``), its
+    ``README.md`` card and ``replug.json``; returns ``(path, step, comparison)``. The folder
+    is staged and checked before it replaces ``out_dir``: a comparison of other weights is
+    refused and nothing is lost."""
+    from replug_jax.fileio import replace_dir, write_text_atomic
+    from replug_jax.models.weights import fingerprint, resolve, weight_files
+    from replug_jax.train.release import comparison_from_eval
+
     workdir = pathlib.Path(workdir)
+    out = pathlib.Path(out_dir)
     dev_path = workdir / "dev_metrics.json"
     dev = json.loads(dev_path.read_text()) if dev_path.exists() else None
-    files = {"MODEL_CARD.md": model_card(cfg, step, dev, workdir),
-             "replug.json": json.dumps(retriever_settings(cfg), indent=2) + "\n"}
+    staged = out.with_name(out.name + ".staged")
     # one encoder for both: other libraries cut every input as passages are cut (the
     # queries' own limit, kept from the end, is in replug.json and applies in Retriever.load)
-    return export_retriever(dataclasses.replace(model, encoder=encoder), out_dir, files,
-                            max_length=cfg.doc_max_length, truncation_side="right")
+    export_retriever(dataclasses.replace(model, encoder=encoder), staged,
+                     {"replug.json": json.dumps(retriever_settings(cfg), indent=2) + "\n"},
+                     dtype=dtype, max_length=cfg.doc_max_length, truncation_side="right")
+    try:
+        tested = None if comparison is None else comparison_from_eval(
+            comparison, fingerprint(weight_files(resolve(staged))), metric)
+        write_text_atomic(model_card(cfg, step, dev, workdir, staged, dtype, tested,
+                                     model.pooling), staged / "README.md")
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    replace_dir(staged, out)
+    return out, step, tested
 
 
 def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dict, card: str,
@@ -100,23 +127,63 @@ def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dic
     return out
 
 
-def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir) -> str:
-    lines = ["# REPLUG LSR retriever", "",
-             f"- base retriever: `{cfg.retriever}` ({cfg.similarity} similarity, mean pooling)",
-             f"- supervising LM: `{cfg.lm}`"
-             + (f" via {cfg.lm_api_base}" if cfg.lm_api_base else ""),
-             f"- task: {cfg.task}; data: `{cfg.data}`; corpus: `{cfg.corpus}`",
-             f"- steps: {step} of {cfg.total_steps}; batch {cfg.batch_size}; k={cfg.k}; "
-             f"γ={cfg.gamma}, β={cfg.beta}; {cfg.direction}; LM score {cfg.lm_score}; "
-             f"objective {cfg.objective}; {cfg.optimizer} lr {cfg.learning_rate}",
-             f"- sequence lengths: queries {cfg.query_max_length}, passages "
-             f"{cfg.doc_max_length} tokens (recorded in `replug.json`, used when loading)",
-             f"- index refresh every {cfg.refresh_every} steps ({cfg.refresh_mode})",
-             f"- trained in `{workdir}`", "", "## Dev metrics", "",
-             "```json", json.dumps(dev or {}, indent=2), "```", "",
-             "## Config", "", "```json", json.dumps(cfg.to_json(), indent=2), "```", "",
-             "Load with `transformers.BertModel.from_pretrained(<this folder>)` (mean-pool the "
-             "last layer over non-padding tokens) or `replug_jax.models.load_retriever`."]
+def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pathlib.Path,
+               dtype: str, comparison: dict | None, pooling: str = "mean") -> str:
+    """A release's ``README.md``: metadata, the verdict against its base (the release rule
+    of :mod:`replug_jax.train.release`), how it was trained, the lengths and truncation it
+    must be used with, the weights' SHA-256, and how to load it."""
+    from replug_jax.train.release import verdict, weight_digests
+
+    lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
+             "tags: [replug, retrieval, sentence-transformers, feature-extraction]",
+             *([f"base_model: {cfg.retriever}"] if "/" in cfg.retriever
+               and not pathlib.Path(cfg.retriever).exists() else []), "---", "",
+             f"# REPLUG LSR retriever trained from `{cfg.retriever}` by `{cfg.lm}`", "",
+             verdict(comparison), ""]
+    if comparison is not None:
+        lines += ["| metric | trained − base | interval | items |", "|---|---:|---|---:|",
+                  *(f"| {c['metric']} | {c['difference']:+.4f} | [{c['low']:+.4f}, "
+                    f"{c['high']:+.4f}] | {c['items']} |" for c in comparison["all"]), ""]
+    lines += ["## Training", "",
+              f"- base retriever: `{cfg.retriever}` ({cfg.similarity} similarity, "
+              f"{pooling} pooling)",
+              f"- supervising LM: `{cfg.lm}`"
+              + (f" via {cfg.lm_api_base}" if cfg.lm_api_base else ""),
+              f"- task: {cfg.task}; data: `{cfg.data}`; corpus: `{cfg.corpus}`",
+              f"- steps: {step} of {cfg.total_steps}; batch {cfg.batch_size}; k={cfg.k}; "
+              f"γ={cfg.gamma}, β={cfg.beta}; {cfg.direction}; LM score {cfg.lm_score}; "
+              f"objective {cfg.objective}; {cfg.optimizer} lr {cfg.learning_rate}",
+              f"- index refresh every {cfg.refresh_every} steps ({cfg.refresh_mode})",
+              f"- trained in `{workdir}`", "",
+              "## Lengths and truncation", "",
+              f"Queries keep their last {cfg.query_max_length} tokens; passages their first "
+              f"{cfg.doc_max_length} (with [CLS] and [SEP]). `Retriever.load` applies both "
+              "(from `replug.json`); sentence-transformers and the tokenizer here cut every "
+              f"input to its first {cfg.doc_max_length} tokens, as passages are cut.", "",
+              f"## Weights ({dtype})", "",
+              *(f"- `{name}`: SHA-256 `{digest}`"
+                for name, digest in weight_digests(folder).items()), "",
+              "## Use", "", "```python",
+              "from replug_jax.retrieval.encoder import Retriever",
+              "retriever = Retriever.load(\"<this folder>\")  # lengths from replug.json", "",
+              "from sentence_transformers import SentenceTransformer",
+              "model = SentenceTransformer(\"<this folder>\")"
+              + ("  # unit vectors: cosine = dot" if cfg.similarity == "cosine" else ""),
+              "embeddings = model.encode([\"a passage\", \"a question?\"])", "",
+              "from transformers import AutoModel, AutoTokenizer",
+              "tok = AutoTokenizer.from_pretrained(\"<this folder>\")",
+              "bert = AutoModel.from_pretrained(\"<this folder>\")",
+              "batch = tok([\"a passage\"], padding=True, truncation=True, "
+              f"max_length={cfg.doc_max_length}, return_tensors=\"pt\")",
+              *(["mask = batch[\"attention_mask\"].unsqueeze(-1)",
+                 "vec = (bert(**batch).last_hidden_state * mask).sum(1) / mask.sum(1)"]
+                if pooling == "mean" else
+                ["vec = bert(**batch).last_hidden_state[:, 0]  # [CLS] pooling"]),
+              *(["vec = vec / vec.norm(dim=-1, keepdim=True)  # cosine similarity"]
+                if cfg.similarity == "cosine" else []),
+              "```", "", "## Dev metrics", "", "```json", json.dumps(dev or {}, indent=2),
+              "```", "", "## Config", "", "```json", json.dumps(cfg.to_json(), indent=2),
+              "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -140,7 +207,9 @@ def record_temperature(folder: str | pathlib.Path, temperature: float, evidence:
     settings = json.loads(settings_path.read_text())
     settings.update(temperature=float(temperature), temperature_fit=evidence)
     write_text_atomic(json.dumps(settings, indent=2) + "\n", settings_path)
-    card_path = folder / "MODEL_CARD.md"
+    card_path = folder / "README.md"  # an export's card; checkpoints/ folders keep MODEL_CARD.md
+    if not card_path.exists() and (folder / "MODEL_CARD.md").exists():
+        card_path = folder / "MODEL_CARD.md"
     card = card_path.read_text() if card_path.exists() else "# Retriever\n"
     if TEMPERATURE_SECTION in card:  # replace the old section, up to the next one
         head, _, rest = card.partition(TEMPERATURE_SECTION)

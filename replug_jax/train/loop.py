@@ -421,12 +421,15 @@ class LSRTrainer:
         out["top1_is_lm_best"] = float(np.mean(agree))
         return out
 
-    def export(self, out_dir: str | pathlib.Path, step: int | None = None) -> pathlib.Path:
-        """The current parameters as a retriever folder (see
-        :func:`replug_jax.train.export.write_retriever`)."""
+    def export(self, out_dir: str | pathlib.Path, step: int | None = None, *,
+               dtype: str = "float16", comparison: str | pathlib.Path | None = None
+               ) -> pathlib.Path:
+        """The current parameters as a retriever folder in ``dtype``, with its card (see
+        :func:`replug_jax.train.export.write_retriever`; ``comparison``: ``replug eval``'s
+        results.json of that folder against its base)."""
         from replug_jax.train.export import write_retriever
 
         encoder = to_module(self.graphdef, self.template, host_copy(self.state.params))
         return write_retriever(self.retriever.model, encoder, out_dir, self.cfg,
                                int(host_copy(self.state.step)) if step is None else step,
-                               self.workdir)
+                               self.workdir, dtype=dtype, comparison=comparison)[0]
