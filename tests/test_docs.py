@@ -158,3 +158,54 @@ def test_the_checks_catch_a_renamed_option_a_missing_file_and_a_changed_number(t
               "| t | 1.0573 (−0.0452) | [json](r.json) |\n\n## Next\n")
     assert table_mismatches(readme, tmp_path) == []
     assert table_mismatches(readme.replace("1.0573", "1.0574"), tmp_path)
+
+
+def worked_example(page: pathlib.Path = ROOT / "docs" / "data.md") -> list[tuple[str, str]]:
+    """``(language, code)`` of every bash and python block of the page's worked example."""
+    section = page.read_text().split("\n## Worked example\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```(bash|python)\n(.*?)```", section, re.S)
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_the_worked_example_on_your_own_data_runs_start_to_finish(tmp_path, monkeypatch):
+    """docs/data.md's commands, exactly as printed, on the corpus and questions it ships:
+    τ fitted and used, every mode evaluated with intervals, LSR trained from string ids, the
+    trained retriever compared with its base, exported with its verdict, and loaded in
+    sentence-transformers with REPLUG's embeddings."""
+    import shlex
+    import shutil
+
+    from replug_jax.cli import main
+
+    pytest.importorskip("sentence_transformers")
+    shutil.copytree(ROOT / "docs" / "example", tmp_path / "docs" / "example")
+    monkeypatch.chdir(tmp_path)
+    blocks = worked_example()
+    assert [lang for lang, _ in blocks] == ["bash", "bash", "python"]
+    for lang, code in blocks:
+        if lang == "python":
+            exec(compile(code, "docs/data.md", "exec"), {})
+            continue
+        for line in code.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line)
+            assert argv[0] == "replug", line
+            assert main(argv[1:]) == 0, line
+    work = tmp_path / "work"
+    tau = json.loads((work / "idx" / "retrieval_temperature.json").read_text())
+    ev = json.loads((work / "eval" / "results.json").read_text())
+    assert ev["systems"]["base"]["retrieval_temperature"] == tau["temperature"]
+    assert "fitted on docs/example/dev.jsonl" in ev["systems"]["base"][
+        "retrieval_temperature_source"]
+    assert set(ev["rows"]) == {"none", "replug", "top1", "concat"} and ev["examples"] == 8
+    assert {c["row"] for c in ev["comparisons"]} == {"replug", "top1", "concat"}
+    assert all(c["clusters"] >= 2 for c in ev["comparisons"])
+    texts = json.loads((work / "texts" / "results.json").read_text())
+    assert texts["rows"]["replug"]["windows"] > 2
+    compare = json.loads((work / "compare" / "results.json").read_text())
+    trained = compare["systems"]["trained"]
+    assert trained["retrieval_temperature_source"].startswith("fitted on docs/example/dev")
+    assert "gold_recall" in {c["metric"] for c in compare["comparisons"]}
+    card = (work / "trained" / "README.md").read_text()
+    assert re.search(r"\*\*(Better|Not better) than its base\*\*: [-+]\d", card), card[:400]
+    assert "SHA-256" in card and "float16" in card
