@@ -175,8 +175,8 @@ def add_parsers(sub) -> None:
                   description="Score every example's k branches once, find the τ of "
                   "λ = softmax(s/τ) that maximises the file's REPLUG log-likelihood (QA: the "
                   "gold answers; texts: every window), report it against τ = 1 with a "
-                  "cross-fitted estimate, and store it with the index (ask, generate, score, "
-                  "eval and serve then use it for this query encoder).")
+                  "cross-fitted estimate, and store it with the index (ask, generate, score "
+                  "and eval then use it for this query encoder).")
     _add_data_args(fit, "dev examples")
     fit.add_argument("--bounds", type=positive_float, nargs=2, default=(1e-3, 10.0),
                      metavar=("LOW", "HIGH"), help="search interval of τ (default 0.001 10)")

@@ -3,9 +3,9 @@ user's dev file, kept beside the index it was fitted with (``retrieval_temperatu
 
 τ depends on the query encoder (the scale of its similarities), the corpus and the LM, so the
 record names all three. :meth:`~replug_jax.retrieval.encoder.Retriever.for_index` applies it
-when the query encoder is the one it was fitted for; ``replug ask``, ``generate``, ``score``,
-``eval`` and ``serve`` all load retrievers that way, and every result's settings say where τ
-came from (``retrieval_temperature_source``). An explicit ``--retrieval-temperature`` wins.
+when the query encoder is the one it was fitted for; ``replug ask``, ``generate``, ``score``
+and ``eval`` all load retrievers that way, and every result's settings say where τ came
+from (``retrieval_temperature_source``). An explicit ``--retrieval-temperature`` wins.
 """
 
 from __future__ import annotations
