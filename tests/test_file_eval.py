@@ -100,7 +100,12 @@ def test_qa_rows_equal_direct_scoring_differences_are_paired_and_a_rerun_resumes
     assert d["difference"] == pytest.approx(rows["replug"]["mean_answer_loglik"]
                                             - rows["none"]["mean_answer_loglik"], abs=1e-9)
     assert d["clusters"] == 3 and d["low"] <= d["difference"] <= d["high"]
-    assert ("top1", "exact_match") in by
+    assert ("top1", "exact_match") in by and ("top1", "answer_contained") in by
+    from replug_jax.eval.qa import contains_answer
+
+    assert contains_answer("It flows through Lindholm, they say.", ["Lindholm"]) == 1.0
+    assert contains_answer("It is 140 km away", ["14"]) == 0.0  # whole words only
+    assert contains_answer("the", ["The"]) == 0.0  # an answer of articles only is empty
     out = tmp_path / "out"
     assert {p.name for p in out.iterdir()} >= {"results.json", "summary.md", "records.jsonl",
                                                  "results.png"}

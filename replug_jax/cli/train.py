@@ -100,7 +100,8 @@ def add_parsers(sub) -> None:
                          "held-out data: the card then states the difference from the base "
                          "and whether it passes the release rule (checkpoints/README.md); "
                          "without it the card says it was not tested against its base")
-    ex.add_argument("--metric", choices=("answer_loglik", "exact_match", "f1", "gold_recall",
-                                         "bits_per_byte"), default=None,
+    ex.add_argument("--metric", choices=("answer_loglik", "exact_match", "f1",
+                                         "answer_contained", "gold_recall", "bits_per_byte"),
+                    default=None,
                     help="the comparison's deciding metric (default: answer_loglik for QA, "
                          "bits_per_byte for texts)")

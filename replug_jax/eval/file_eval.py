@@ -66,7 +66,10 @@ def system_key(data: EvalData, pipe, settings: EvalSettings, mode: str) -> str:
     s = pipe.settings(mode, pipe.k)
     if mode == "none":  # the LM alone: no retriever, index, k or τ decides anything
         s = {"mode": mode, "lm": s["lm"], "lm_placement": s["lm_placement"]}
-    parts = {"data": data.checksum, "settings": s, "separator": pipe.separator,
+    # an in-process LM's weights (its name alone could hide new weights under an old name)
+    weights = getattr(getattr(pipe.lm, "lm", None), "fingerprint", None)
+    parts = {"data": data.checksum, "settings": s, "lm_weights": weights,
+             "separator": pipe.separator,
              "seed": pipe.seed, "chat_layout": settings.chat_layout,
              "generate": settings.generate, "max_new_tokens": settings.max_new_tokens,
              "windows": dataclasses.asdict(settings.windows)}
@@ -198,8 +201,9 @@ def _pairs(rows: Sequence[str], systems: Sequence[str]) -> list[tuple[str, str]]
 def comparisons(data: EvalData, per_item: dict, systems: Sequence[str],
                 settings: EvalSettings) -> list[dict]:
     """Paired bootstrap intervals (clustered by ``group`` for QA, by text for windows) of
-    every row against its reference: bits per byte for text; log-likelihood, EM, F1 and gold
-    recall for QA (each where both rows have it)."""
+    every row against its reference: bits per byte for text; log-likelihood, EM, F1, the
+    answer contained in the prediction, and gold recall for QA (each where both rows have
+    it)."""
     kw = dict(confidence=settings.confidence, resamples=settings.resamples, seed=settings.seed)
     out = []
     for row, ref in _pairs(list(per_item), list(systems)):
@@ -212,7 +216,7 @@ def comparisons(data: EvalData, per_item: dict, systems: Sequence[str],
             out.append({"row": row, "reference": ref, "metric": "bits_per_byte", **d})
             continue
         for metric, field in (("answer_loglik", "loglik"), ("exact_match", "em"), ("f1", "f1"),
-                              ("gold_recall", "gold_hit")):
+                              ("answer_contained", "contains"), ("gold_recall", "gold_hit")):
             # the items both rows measured (gold recall: those naming a gold passage)
             both = [i for i, (x, y) in enumerate(zip(a, b)) if field in x and field in y]
             groups = [data.groups[i] for i in both] if data.groups else None

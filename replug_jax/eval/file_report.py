@@ -11,12 +11,13 @@ from replug_jax.fileio import atomic_path, write_json_atomic, write_text_atomic
 
 # the columns of the summary table, per kind: (row field, header, digits)
 COLUMNS = {"qa": (("mean_answer_loglik", "answer log-lik.", 3), ("exact_match", "EM", 3),
-                  ("f1", "F1", 3), ("gold_recall_at_k", "gold recall@k", 3),
+                  ("f1", "F1", 3), ("answer_contained", "contains answer", 3),
+                  ("gold_recall_at_k", "gold recall@k", 3),
                   ("lm_calls", "LM rows", 0)),
            "text": (("bits_per_byte", "bits per byte", 4), ("perplexity", "perplexity", 3),
                     ("windows", "windows", 0), ("num_bytes", "bytes", 0))}
 BETTER = {"answer_loglik": "higher", "exact_match": "higher", "f1": "higher",
-          "gold_recall": "higher", "bits_per_byte": "lower"}
+          "answer_contained": "higher", "gold_recall": "higher", "bits_per_byte": "lower"}
 
 
 def summary_markdown(report: dict) -> str:

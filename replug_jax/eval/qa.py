@@ -48,6 +48,14 @@ def f1_score(prediction: str, answers: Sequence[str]) -> float:
     return best
 
 
+def contains_answer(prediction: str, answers: Sequence[str]) -> float:
+    """1.0 if a normalised gold answer occurs in the normalised prediction, as whole words
+    (FlashRAG's "substring EM"): a chat LM's full-sentence answer counts when it holds one."""
+    pred = f" {normalize_answer(prediction)} "
+    return float(any(f" {normalize_answer(a)} " in pred for a in answers
+                     if normalize_answer(a)))
+
+
 def first_line(generation: str) -> str:
     """The answer part of a generation: its first non-empty line."""
     for line in generation.strip().splitlines():
@@ -138,7 +146,7 @@ class QAEvaluator:
                                 mode=mode, **shared)
             pred = first_line(g.text)
             rec.update(prediction=pred, em=exact_match(pred, answers),
-                       f1=f1_score(pred, answers))
+                       f1=f1_score(pred, answers), contains=contains_answer(pred, answers))
             if not self.likelihood:
                 rec["cost"] = {"lm_calls": g.cost["lm_calls"],
                                "input_tokens": g.cost["input_tokens"]}
@@ -193,6 +201,8 @@ def summarize_records(records: Sequence[dict]) -> dict:
     if ems:
         row.update(exact_match=float(np.mean(ems)),
                    f1=float(np.mean([r["f1"] for r in records if "f1" in r])))
+    if records and all("contains" in r for r in records):  # (records written before it lack it)
+        row["answer_contained"] = float(np.mean([r["contains"] for r in records]))
     gold_w = [r["gold_weight"] for r in records if "gold_weight" in r]
     if gold_w:
         row.update(mean_gold_weight=float(np.mean(gold_w)),

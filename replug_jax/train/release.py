@@ -17,7 +17,7 @@ RULE = ("beats its base retriever on held-out data with a paired interval that e
         "in its favour")
 # which way is better, per metric of `replug eval` (and of the experiments' tables)
 HIGHER_IS_BETTER = {"answer_loglik": True, "exact_match": True, "f1": True,
-                    "gold_recall": True, "bits_per_byte": False}
+                    "answer_contained": True, "gold_recall": True, "bits_per_byte": False}
 
 
 def passes(difference: dict, higher_is_better: bool) -> bool:
