@@ -197,7 +197,7 @@ def test_the_worked_example_on_your_own_data_runs_start_to_finish(tmp_path, monk
     assert ev["systems"]["base"]["retrieval_temperature"] == tau["temperature"]
     assert "fitted on docs/example/dev.jsonl" in ev["systems"]["base"][
         "retrieval_temperature_source"]
-    assert set(ev["rows"]) == {"none", "replug", "top1", "concat"} and ev["examples"] == 8
+    assert set(ev["rows"]) == {"none", "replug", "top1", "concat"} and ev["examples"] == 4
     assert {c["row"] for c in ev["comparisons"]} == {"replug", "top1", "concat"}
     assert all(c["clusters"] >= 2 for c in ev["comparisons"])
     texts = json.loads((work / "texts" / "results.json").read_text())
