@@ -160,6 +160,13 @@ def test_the_checks_catch_a_renamed_option_a_missing_file_and_a_changed_number(t
     assert table_mismatches(readme.replace("1.0573", "1.0574"), tmp_path)
 
 
+def jax_cache_dir() -> str:
+    """The persistent compilation cache the tests use (conftest.py sets it)."""
+    import jax
+
+    return jax.config.jax_compilation_cache_dir
+
+
 def worked_example(page: pathlib.Path = ROOT / "docs" / "data.md") -> list[tuple[str, str]]:
     """``(language, code)`` of every bash and python block of the page's worked example."""
     section = page.read_text().split("\n## Worked example\n", 1)[1].split("\n## ", 1)[0]
@@ -168,29 +175,33 @@ def worked_example(page: pathlib.Path = ROOT / "docs" / "data.md") -> list[tuple
 
 @pytest.mark.slow
 @pytest.mark.models
-def test_the_worked_example_on_your_own_data_runs_start_to_finish(tmp_path, monkeypatch):
+def test_the_worked_example_on_your_own_data_runs_start_to_finish(tmp_path):
     """docs/data.md's commands, exactly as printed, on the corpus and questions it ships:
     τ fitted and used, every mode evaluated with intervals, LSR trained from string ids, the
     trained retriever compared with its base, exported with its verdict, and loaded in
     sentence-transformers with REPLUG's embeddings."""
+    import os
     import shlex
     import shutil
-
-    from replug_jax.cli import main
+    import subprocess
+    import sys
 
     pytest.importorskip("sentence_transformers")
     shutil.copytree(ROOT / "docs" / "example", tmp_path / "docs" / "example")
-    monkeypatch.chdir(tmp_path)
+    # each command in its own process, as a user runs them (one process holding every
+    # command's models and compiled programs grew past 10 GB), sharing the tests' cache
+    env = {**os.environ, "REPLUG_JAX_CACHE_DIR": jax_cache_dir()}
     blocks = worked_example()
     assert [lang for lang, _ in blocks] == ["bash", "bash", "python"]
     for lang, code in blocks:
-        if lang == "python":
-            exec(compile(code, "docs/data.md", "exec"), {})
-            continue
-        for line in code.replace("\\\n", " ").splitlines():
-            argv = shlex.split(line)
-            assert argv[0] == "replug", line
-            assert main(argv[1:]) == 0, line
+        assert lang == "python" or all(line.startswith("replug ")
+                                       for line in code.splitlines()), code
+        commands = [[sys.executable, "-c", code]] if lang == "python" else [
+            [sys.executable, "-m", "replug_jax.cli", *shlex.split(line)[1:]]
+            for line in code.replace("\\\n", " ").splitlines()]
+        for argv in commands:
+            done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+            assert done.returncode == 0, (argv[2:], done.stderr[-2000:])
     work = tmp_path / "work"
     tau = json.loads((work / "idx" / "retrieval_temperature.json").read_text())
     ev = json.loads((work / "eval" / "results.json").read_text())
