@@ -66,3 +66,34 @@ def test_layout_page_names_every_module():
                      and not any(m.startswith(n) for n in named if n.endswith("/")
                                  and not re.search(r"\w+\.py", entries.get(n, ""))))
     assert not missing, f"docs/layout.md does not name: {missing}"
+
+
+def test_no_import_circle_between_modules_even_inside_functions():
+    """The graph of modules (packages' ``__init__`` re-exports aside), every `from replug_jax.…
+    import` counted, function-local ones too (which would otherwise hide a circle), has no
+    cycle."""
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        mod = ".".join(("replug_jax", *path.relative_to(ROOT).with_suffix("").parts))
+        deps = graph.setdefault(mod, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("replug_jax"):
+                deps.add(node.module)  # `from pkg import module` names a module too
+                deps.update(f"{node.module}.{a.name}" for a in node.names)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            mod = todo.pop()
+            if mod == goal:
+                return True
+            if mod not in seen:
+                seen.add(mod)
+                todo += [d for d in graph.get(mod, ()) if d in graph]
+        return False
+
+    circles = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
+                      if b in graph and b != a and reaches(b, a)})
+    assert not circles, f"modules that import each other, directly or not: {circles}"

@@ -139,7 +139,6 @@ def embed_store(store: PassageStore, retriever, emb_dir: pathlib.Path, *,
     resumes at shard granularity. ``emb.json`` records the encoder and corpus; a folder made
     with others is cleared first. Returns every shard's path (all processes' shards).
     """
-    from replug_jax.retrieval.encoder import encoding_bar
 
     emb_dir.mkdir(parents=True, exist_ok=True)
     key = {"n": len(store), "shard_rows": shard_rows, "corpus_checksum": store.checksum,
@@ -181,3 +180,11 @@ def embed_store(store: PassageStore, retriever, emb_dir: pathlib.Path, *,
     bar.close()
     barrier("replug_emb_done")
     return paths
+
+
+def encoding_bar(total: int, enabled: bool = True, desc: str = "encoding"):
+    """A progress bar that advances per batch, with passages/s and the time left."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="passage", disable=not enabled, smoothing=0.1,
+                mininterval=0.5, dynamic_ncols=True)

@@ -20,12 +20,12 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from replug_jax.fileio import write_json_atomic
 from replug_jax.models import DEFAULT_RETRIEVER, RetrieverModel, load_retriever
 from replug_jax.models.bert import embed, embeds_normalized
 from replug_jax.models.params import split_params, to_module
+from replug_jax.retrieval.embeddings import encoding_bar
 
 # Padding lengths. Finer steps than powers of two: on 2 CPU cores the demo corpus encodes in
 # 27 s with these against 38 s with (16, 32, 64, ..., 512), for a few more compilations.
@@ -343,9 +343,3 @@ class Retriever:
     @staticmethod
     def _write_progress(path: pathlib.Path, identity: dict, done: set[int]) -> None:
         write_json_atomic({"identity": identity, "done": sorted(done)}, path)
-
-
-def encoding_bar(total: int, enabled: bool = True, desc: str = "encoding"):
-    """A progress bar that advances per batch, with passages/s and the time left."""
-    return tqdm(total=total, desc=desc, unit="passage", disable=not enabled, smoothing=0.1,
-                mininterval=0.5, dynamic_ncols=True)
