@@ -79,7 +79,7 @@ class Retriever:
         # The τ of λ = softmax(s / τ) fitted for this retriever on dev data (replug.json), which
         # Replug uses unless told otherwise; None: no fitted value, REPLUG's τ = 1 applies.
         self.retrieval_temperature = retrieval_temperature
-        self.retrieval_temperature_source = ("the retriever's replug.json"
+        self.retrieval_temperature_source = ("given to the retriever"
                                              if retrieval_temperature is not None else None)
         self.mesh = _local_mesh(devices)
         self._device = None  # one device other than the default (see on_devices)
@@ -122,12 +122,16 @@ class Retriever:
                       "retrieval_temperature": trained.get("temperature"), **kwargs}
             passages = trained.get("passage_encoder")
         if passages is None:
-            return cls(load_retriever(source), **kwargs)
-        # two towers (a retriever whose query tower alone was trained): the folder is the
-        # query encoder, the passage encoder lives in its subfolder
-        both = cls(load_retriever(str(pathlib.Path(source) / passages)), **kwargs)
-        both.query_tower = cls(load_retriever(source), **kwargs)
-        return both
+            out = cls(load_retriever(source), **kwargs)
+        else:
+            # two towers (a retriever whose query tower alone was trained): the folder is the
+            # query encoder, the passage encoder lives in its subfolder
+            out = cls(load_retriever(str(pathlib.Path(source) / passages)), **kwargs)
+            out.query_tower = cls(load_retriever(source), **kwargs)
+        if out.retrieval_temperature is not None and settings_path.is_file() and \
+                out.retrieval_temperature == trained.get("temperature"):
+            out.retrieval_temperature_source = "the retriever's replug.json"
+        return out
 
     @classmethod
     def for_index(cls, directory: str | pathlib.Path, source: str | None = None):
