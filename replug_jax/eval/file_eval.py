@@ -102,13 +102,14 @@ def qa_rows(data: EvalData, systems: dict, settings: EvalSettings, records: path
     for n, (label, pipe) in enumerate(systems.items()):
         modes = [m for m in settings.modes if n == 0 or m != "none"]
         names = {m: m if n == 0 else f"{m}@{label}" for m in modes}
+        gold = resolve_gold_ids(data, pipe.index) or None  # one pass over the store per system
         for mode in modes:  # one evaluator per row: each row has its own key
             ev = QAEvaluator([it.question for it in data.items],
                              [list(it.answers) for it in data.items], range(len(data)),
                              layout=_qa_layout(pipe, settings.chat_layout), modes=[mode],
                              generate_modes=[mode] if settings.generate else [],
                              max_new_tokens=settings.max_new_tokens,
-                             gold_doc=resolve_gold_ids(data, pipe.index) or None,
+                             gold_doc=gold,
                              partial=records, label=f"{names[mode]}:"
                              f"{system_key(data, pipe, settings, mode)}",
                              row_names={mode: names[mode]}, progress=progress)
