@@ -276,3 +276,37 @@ def test_qa_layouts_put_the_demonstrations_before_or_after_the_document():
             assert (demo_at < doc_at) == (layout == "demonstrations_first")
     assert (rows["document_first"]["mean_answer_loglik"]
             != rows["demonstrations_first"]["mean_answer_loglik"])
+
+
+@pytest.mark.parametrize("layout", ["document_first", "demonstrations_first"])
+def test_questions_batched_per_call_equal_one_at_a_time(layout):
+    """QAEvaluator(batch_size=3) scores and answers 5 questions in 2 calls each (3 + 2): the
+    same log-likelihoods, answers and total cost as one question per call."""
+    from _models import tiny_lm, tiny_retriever
+    from replug_jax.eval.qa import QAEvaluator
+    from replug_jax.replug import Replug
+    from replug_jax.retrieval.corpus import Passage
+    from replug_jax.retrieval.index import index_in_memory
+
+    lm, retriever = tiny_lm(0), tiny_retriever(0)
+    texts = ["Paris is in France.", "Rome is old.", "The Nile is long.", "Ice is cold."]
+    passages = [Passage(i, t, "") for i, t in enumerate(texts)]
+    pipe = Replug(lm, retriever, index_in_memory(passages, retriever), k=2)
+    questions = ["Capital of France?", "Oldest city?", "Longest river?", "What is ice?",
+                 "Where is Paris, the capital city of France?"]
+    answers = [["Paris"], ["Rome"], ["the Nile"], ["cold water"], ["in France"]]
+    out = {}
+    for batch in (1, 3):
+        ev = QAEvaluator(questions, answers, range(5), demonstrations=[("Capital of Spain?",
+                         "Madrid")], layout=layout, modes=("none", "replug"),
+                         generate_modes=("replug",), max_new_tokens=4, progress=False,
+                         batch_size=batch)
+        out[batch] = (ev.run(pipe), ev.records)
+    (rows1, recs1), (rows3, recs3) = out[1], out[3]
+    for row in ("none", "replug"):
+        np.testing.assert_allclose([r["loglik"] for r in recs3[row]],
+                                   [r["loglik"] for r in recs1[row]], rtol=1e-5)
+        assert rows3[row]["input_tokens"] == rows1[row]["input_tokens"]
+    assert [r["prediction"] for r in recs3["replug"]] == [r["prediction"]
+                                                          for r in recs1["replug"]]
+    assert rows3["replug"]["exact_match"] == rows1["replug"]["exact_match"]

@@ -112,7 +112,8 @@ def qa_rows(data: EvalData, systems: dict, settings: EvalSettings, records: path
                              gold_doc=gold,
                              partial=records, label=f"{names[mode]}:"
                              f"{system_key(data, pipe, settings, mode)}",
-                             row_names={mode: names[mode]}, progress=progress)
+                             row_names={mode: names[mode]}, progress=progress,
+                             batch_size=settings.batch_size)
             rows.update(ev.run(pipe))
             per_item.update(ev.records)
     return rows, per_item

@@ -99,6 +99,7 @@ class QAEvaluator:
     row_names: dict | None = None  # mode -> the name of its row (default: the mode)
     progress: bool = True
     name: str = "qa"
+    batch_size: int = 1  # questions per LM call (scoring, and generation)
     records: dict = dataclasses.field(default_factory=dict, init=False)
 
     def __post_init__(self):
@@ -125,32 +126,38 @@ class QAEvaluator:
                     qa_prompt(self.questions[i], chat=False))
         return "", qa_prompt(self.questions[i], demonstrations=self.demonstrations, chat=False)
 
-    def _question(self, pipe, mode: str, i: int, prompt: tuple[str, str]) -> dict:
-        question, answers = self.questions[i], list(self.answers[i])
-        prefix, prompt = prompt
-        shared = {"prefixes": [prefix]} if prefix else {}  # any pipe takes the paper's layout
-        rec = {"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
+    def _questions(self, pipe, mode: str, idx: Sequence[int],
+                   prompts: dict[int, tuple[str, str]]) -> list[dict]:
+        """The records of questions ``idx``, scored in one call and answered in another. A
+        record's ``cost`` is its share of its call's cost (``shared_by`` questions)."""
+        questions = [self.questions[i] for i in idx]
+        answers = [list(self.answers[i]) for i in idx]
+        prefixes = [prompts[i][0] for i in idx]
+        texts = [prompts[i][1] for i in idx]
+        shared = {"prefixes": prefixes} if any(prefixes) else {}  # any pipe takes the paper's layout
+        recs = [{"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
+                for _ in idx]
         if self.likelihood:
-            [s] = pipe.score([prompt], [" " + answers[0]], [question], mode=mode,
-                             reliance=False, **shared)
-            rec = {"loglik": s.loglik, "cost": {"lm_calls": s.cost["lm_calls"],
-                                                "input_tokens": s.cost["input_tokens"]}}
-            if mode == "replug" and self.gold_doc is not None and i in self.gold_doc:
-                gold = self.gold_doc[i]  # a passage id, or every passage of one document
-                gold = set(gold) if isinstance(gold, (tuple, list, set)) else {gold}
-                w = dict(zip(s.doc_ids, s.weights))
-                rec.update(gold_weight=float(sum(w.get(g, 0.0) for g in gold)),
-                           gold_hit=bool(gold & w.keys()))
+            scored = pipe.score(texts, [" " + a[0] for a in answers], questions, mode=mode,
+                                reliance=False, **shared)
+            for rec, i, s in zip(recs, idx, scored):
+                rec.update(loglik=s.loglik, cost=_share(s.cost, len(idx)))
+                if mode == "replug" and self.gold_doc is not None and i in self.gold_doc:
+                    gold = self.gold_doc[i]  # a passage id, or every passage of one document
+                    gold = set(gold) if isinstance(gold, (tuple, list, set)) else {gold}
+                    w = dict(zip(s.doc_ids, s.weights))
+                    rec.update(gold_weight=float(sum(w.get(g, 0.0) for g in gold)),
+                               gold_hit=bool(gold & w.keys()))
         if mode in self.generate_modes:
-            [g] = pipe.generate([prompt], self.max_new_tokens, stop=["\n"], queries=[question],
-                                mode=mode, **shared)
-            pred = first_line(g.text)
-            rec.update(prediction=pred, em=exact_match(pred, answers),
-                       f1=f1_score(pred, answers), contains=contains_answer(pred, answers))
-            if not self.likelihood:
-                rec["cost"] = {"lm_calls": g.cost["lm_calls"],
-                               "input_tokens": g.cost["input_tokens"]}
-        return rec
+            generated = pipe.generate(texts, self.max_new_tokens, stop=["\n"], queries=questions,
+                                      mode=mode, **shared)
+            for rec, gold, g in zip(recs, answers, generated):
+                pred = first_line(g.text)
+                rec.update(prediction=pred, em=exact_match(pred, gold), f1=f1_score(pred, gold),
+                           contains=contains_answer(pred, gold))
+                if not self.likelihood:
+                    rec["cost"] = _share(g.cost, len(idx))
+        return recs
 
     def _done(self) -> dict:
         path = pathlib.Path(self.partial) if self.partial is not None else None
@@ -174,20 +181,33 @@ class QAEvaluator:
         done = self._done()
         out = {}
         for mode in self.modes:
-            records = []
-            for i in tqdm(self.selected, desc=f"{self.label}:{mode}", disable=not self.progress):
-                rec = done.get((mode, i))
-                if rec is None:
-                    rec = self._question(pipe, mode, i, prompts[i])
-                    if self.partial is not None:
-                        with open(self.partial, "a") as f:
-                            f.write(json.dumps({"label": self.label, "mode": mode, "i": i,
-                                                **rec}) + "\n")
-                records.append(rec)
+            todo = [i for i in self.selected if (mode, i) not in done]
+            bar = tqdm(total=len(self.selected), initial=len(self.selected) - len(todo),
+                       desc=f"{self.label}:{mode}", disable=not self.progress)
+            for start in range(0, len(todo), self.batch_size):
+                idx = todo[start:start + self.batch_size]
+                recs = self._questions(pipe, mode, idx, prompts)
+                for i, rec in zip(idx, recs):
+                    done[(mode, i)] = rec
+                if self.partial is not None:
+                    with open(self.partial, "a") as f:
+                        f.writelines(json.dumps({"label": self.label, "mode": mode, "i": i,
+                                                 **rec}) + "\n" for i, rec in zip(idx, recs))
+                bar.update(len(idx))
+            bar.close()
+            records = [done[(mode, i)] for i in self.selected]
             row = (self.row_names or {}).get(mode, mode)
             out[row] = summarize_records(records)
             self.records[row] = records
         return out
+
+
+def _share(cost: dict, n: int) -> dict:
+    """One question's share of a call's cost (``cost["shared_by"]`` results; a pipe that does
+    not say so is taken to have scored ``n`` together)."""
+    together = cost.get("shared_by", n) or 1
+    return {"lm_calls": cost["lm_calls"] / together,
+            "input_tokens": cost["input_tokens"] / together}
 
 
 def summarize_records(records: Sequence[dict]) -> dict:
@@ -195,8 +215,8 @@ def summarize_records(records: Sequence[dict]) -> dict:
     weight and recall when measured."""
     costs = [r["cost"] for r in records]
     row = {"mean_answer_loglik": float(np.mean([r["loglik"] for r in records])),
-           "lm_calls": int(sum(c["lm_calls"] for c in costs)),
-           "input_tokens": int(sum(c["input_tokens"] for c in costs))}
+           "lm_calls": int(round(sum(c["lm_calls"] for c in costs))),
+           "input_tokens": int(round(sum(c["input_tokens"] for c in costs)))}
     ems = [r["em"] for r in records if "em" in r]
     if ems:
         row.update(exact_match=float(np.mean(ems)),
