@@ -11,9 +11,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # tests that start processes, and compile-check beside them, must not wait on it.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no cloud metadata server to ask here
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+# Always 8 (a count set outside is replaced): the mesh tests assume it and never skip.
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in os.environ.get("XLA_FLAGS", "").split()
+     if not f.startswith("--xla_force_host_platform_device_count")]
+    + ["--xla_force_host_platform_device_count=8"])
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

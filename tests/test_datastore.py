@@ -374,8 +374,6 @@ def test_integrity_checks_sizes_always_and_hashes_on_demand(tmp_path):
 
 
 def test_jax_sharded_topk_equals_faiss_exact():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     from replug_jax.sharding import make_mesh
 
     emb = clustered(1003, d=32)  # not a multiple of 8: padding rows must never win
@@ -420,8 +418,6 @@ def test_ivf_pq_with_exact_reranking_from_disk_matches_exact_search(tmp_path):
 
 
 def test_encoding_data_parallel_over_devices_equals_one_device():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     from replug_jax.retrieval.encoder import Retriever
     from tests._models import tiny_retriever
 
@@ -443,8 +439,6 @@ def test_sharded_topk_never_returns_padding_rows_with_negative_scores():
     """Regression: rows per device (7) above the block (3) and not a multiple of it, every
     score negative. Each device's zero padding used to stay visible (score 0, the next
     device's ids) on every device but the last."""
-    if len(jax.devices()) < 2:
-        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     from replug_jax.sharding import make_mesh
 
     rng = np.random.default_rng(0)
@@ -466,8 +460,6 @@ def test_sharded_topk_equals_exact_topk_property(n, devices, block, k, sign, bin
     """Over random corpus sizes, device counts, blocks, bins of the two-stage top-k, k and
     score signs (all-negative included), the sharded top-k equals exact top-k (NumPy, float64;
     continuous random scores, so no ties)."""
-    if len(jax.devices()) < devices:
-        pytest.skip(f"needs {devices} devices")
     from replug_jax.sharding import make_mesh
 
     rng = np.random.default_rng(seed)

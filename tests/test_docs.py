@@ -189,8 +189,11 @@ def test_the_worked_example_on_your_own_data_runs_start_to_finish(tmp_path):
     pytest.importorskip("sentence_transformers")
     shutil.copytree(ROOT / "docs" / "example", tmp_path / "docs" / "example")
     # each command in its own process, as a user runs them (one process holding every
-    # command's models and compiled programs grew past 10 GB), sharing the tests' cache
-    env = {**os.environ, "REPLUG_JAX_CACHE_DIR": jax_cache_dir()}
+    # command's models and compiled programs grew past 10 GB), sharing the tests' cache, on
+    # the one CPU device a user has (not the 8 that conftest simulates for the mesh tests)
+    env = {**os.environ, "REPLUG_JAX_CACHE_DIR": jax_cache_dir(), "XLA_FLAGS": " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count"))}
     blocks = worked_example()
     assert [lang for lang, _ in blocks] == ["bash", "bash", "python"]
     for lang, code in blocks:

@@ -153,8 +153,6 @@ def test_exact_resume_after_sigkill(tmp_path):
 
 
 def test_eight_devices_equal_one(tmp_path):
-    if len(jax.devices()) < 8:
-        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
     one = make_trainer(tmp_path, "one", dataclasses.replace(BASE, num_devices=1, total_steps=3))
     eight = make_trainer(tmp_path, "eight", dataclasses.replace(BASE, num_devices=8,
                                                                 total_steps=3))
@@ -182,8 +180,6 @@ def test_eight_devices_equal_one(tmp_path):
 def test_refresh_on_its_own_devices_equals_the_shared_ones(tmp_path):
     """refresh_devices=2: the refresh re-embeds the corpus on the last two local devices
     (training uses the first four) and the run trains to the same parameters."""
-    if len(jax.devices()) < 8:
-        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
     cfg = dataclasses.replace(BASE, num_devices=4, total_steps=4, refresh_every=2)
     shared = make_trainer(tmp_path, "shared", cfg)
     apart = make_trainer(tmp_path, "apart", dataclasses.replace(cfg, refresh_devices=2))
@@ -368,8 +364,6 @@ def test_remat_gives_the_same_step():
 
 
 def test_jax_sharded_index_backend_equals_faiss_across_a_refresh(tmp_path):
-    if len(jax.devices()) < 8:
-        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
     cfg = dataclasses.replace(BASE, num_devices=8, total_steps=5, refresh_every=2)
     faiss_run = make_trainer(tmp_path, "faiss", cfg)
     jax_run = make_trainer(tmp_path, "jax", dataclasses.replace(
@@ -577,8 +571,6 @@ def test_corpus_read_from_a_memory_mapped_store_trains_as_the_list(tmp_path):
 def test_lm_on_its_own_devices_trains_as_on_one(tmp_path):
     """lm_mesh naming fewer devices than exist puts the LM on the last ones, apart from
     training's first num_devices; the run reaches the parameters of the LM on one device."""
-    if len(jax.devices()) < 8:
-        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
     import warnings
 
     from tests._models import tiny_lm as make_lm
