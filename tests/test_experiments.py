@@ -421,6 +421,23 @@ def test_temperature_sweep_tiny(data, tmp_path):
     assert 0 <= rep["dev"]["final"]["recall@1"] <= 1
 
 
+def test_every_config_file_has_tiny_default_and_a_gpu_variant():
+    """docs/experiments.md's promise: `tiny` (CI), `default` (a bare run on 2 CPU cores) and a
+    GPU variant (`gpu` or `*_gpu`) in every config file, and every variant its own class."""
+    import importlib
+    import pkgutil
+
+    import experiments.configs as configs
+
+    names = [m.name for m in pkgutil.iter_modules(configs.__path__) if not m.ispkg]
+    assert len(names) >= 9, names
+    for name in names:
+        table = importlib.import_module(f"experiments.configs.{name}").CONFIGS
+        assert {"tiny", "default"} <= table.keys(), (name, sorted(table))
+        assert [v for v in table if v == "gpu" or v.endswith("_gpu")], (name, sorted(table))
+        assert len({type(c) for c in table.values()}) == 1, name
+
+
 def test_repeated_set_flags_accumulate():
     """`--set a=1 --set b=2` keeps both (argparse's default would keep only the last)."""
     import argparse

@@ -49,6 +49,7 @@ _WIKI = dict(dataset="wikitext", corpus="experiments/data/wikitext/corpus.jsonl"
              chunk_tokens=128, retrievers=("base=minilm", "lsr=runs/lsr_wikitext_export"))
 
 CONFIGS = {
+    "default": TemperatureConfig(),  # = nq
     "nq": TemperatureConfig(),
     "wikitext": TemperatureConfig(**_WIKI),
     # The language-modelling LSR run's dev curve: its checkpoints at steps 4 and 8 exported
@@ -59,6 +60,10 @@ CONFIGS = {
                                 "step8=runs/lsr_wikitext_step8",
                                 "lsr=checkpoints/replug-lsr-minilm-wikitext")},
         steps=(0, 4, 8, 12), record=""),
+    # On an accelerator: a 1B LM, every dev question, k = 20 and a finer grid of τ.
+    "nq_gpu": TemperatureConfig(lm="meta-llama/Llama-3.2-1B", k=20, max_context=2048,
+                                num_examples=0, record="",
+                                temperatures=(1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01)),
     # CI: seconds (the packaged retriever under two labels, a few examples).
     "tiny": TemperatureConfig(retrievers=("base=minilm",), k=2, num_examples=4,
                               temperatures=(1.0, 0.1), record="", bootstrap_resamples=200),

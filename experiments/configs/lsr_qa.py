@@ -174,6 +174,16 @@ CONFIGS = {
         grid=((1.0, 1.0),), steps=3000, eval_every=150, patience=4, eval_temperature=0.0,
         select_on="recall@1", control_steps=1500, primary="recall@1", loglik_margin=0.10,
         transfer_nq=True, max_generate=300, detectable_effect=0.007),
+    # confirm_recall's design at the paper's sizes, on an accelerator: Contriever under a 1B
+    # LM, k = 20 within pools of 32, every training question of the default articles
+    "confirm_recall_gpu": QAStudyConfig(
+        retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B", lm_max_context=2048,
+        max_train=0, test_source="unused_train", test_skip_articles=120, test_articles=182,
+        max_test=12000, max_test_lm=4800, pool_size=32, k=20, test_pool_size=20,
+        objectives=("kl_retriever_to_lm",), grid=((1.0, 1.0),), steps=3000, batch_size=64,
+        eval_every=150, patience=4, eval_temperature=0.0, select_on="recall@1",
+        control_steps=1500, primary="recall@1", loglik_margin=0.10, transfer_nq=True,
+        max_generate=300, detectable_effect=0.007, release=""),
     # CI: seconds (a few questions, two variants, a few steps, 4 enwiki articles as distractors)
     "tiny": QAStudyConfig(distractors="enwiki:4", dev_articles=1, train_articles=0,
                           max_train=8, max_dev=4, max_test=4, pool_size=3, k=2, recall_ks=(1, 2),

@@ -100,6 +100,12 @@ CONFIGS = {
         _ENWIKI, index="enwiki:1000", work="enwiki1k",
         test_data="experiments/data/enwiki_lm/fresh_test.jsonl", release=""),
     # CI: seconds (a handful of examples, two variants, a few steps).
+    # the enwiki study at the paper's sizes, on an accelerator: Contriever under a 1B LM,
+    # every window of the 10,000 articles, k = 20 within pools of 32
+    "enwiki_gpu": dataclasses.replace(
+        _ENWIKI, retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
+        lm_max_context=2048, max_train=0, max_dev=512, max_test=0, pool_size=32, k=20,
+        batch_size=64, steps=3000, eval_every=150, release=""),
     "tiny": StudyConfig(max_train=6, max_dev=3, max_test=3, pool_size=3, k=2,
                         objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),),
                         steps=4, batch_size=2, refresh_every=2, eval_every=2,
