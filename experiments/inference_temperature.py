@@ -1,4 +1,4 @@
-"""The inference temperature τ of REPLUG's weights ``λ = softmax(s(d, x) / τ)`` (paper §3.2):
+"""The retrieval temperature τ of REPLUG's weights ``λ = softmax(s(d, x) / τ)`` (paper §3.2):
 one LM pass per retriever serves the whole sweep.
 
 Every (example, document) branch is scored once at the top-k of the retriever and its per-token
@@ -318,7 +318,7 @@ def plot(cfg, rows, payload, path, name):
                    lw=1, label=f"{label}: uniform")
     ax.axhline(payload["lm_alone"], color="gray", ls="--", lw=1, label="LM alone")
     ax.set_xscale("log")
-    ax.set_xlabel("inference temperature τ")
+    ax.set_xlabel("retrieval temperature τ")
     ax.set_ylabel(name)
     ax.legend(fontsize=7)
     save_figure(fig, path)

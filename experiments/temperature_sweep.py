@@ -1,4 +1,4 @@
-"""LSR with γ (retrieval temperature), β (LM temperature) ∈ {0.01, 0.1, 1.0} and both KL
+"""LSR with the supervision temperatures γ (of P_R) and β (of Q) ∈ {0.01, 0.1, 1.0} and both KL
 directions, on a tiny NQ setting: what the temperatures of paper §4 do to training.
 
 Every run starts from the same retriever, data order and seed and differs only in (γ, β,
@@ -159,8 +159,8 @@ def main(argv=None):
         im = ax.imshow(grid, cmap="viridis")
         ax.set_xticks(range(len(sweep.betas)), [str(b) for b in sweep.betas])
         ax.set_yticks(range(len(sweep.gammas)), [str(g) for g in sweep.gammas])
-        ax.set_xlabel("β (LM temperature)")
-        ax.set_ylabel("γ (retrieval temperature)")
+        ax.set_xlabel("β (supervision temperature of Q)")
+        ax.set_ylabel("γ (supervision temperature of P_R)")
         ax.set_title(f"loss decrease, {direction}", fontsize=9)
         fig.colorbar(im, ax=ax)
     save_figure(fig, out / f"{args.config}.png")

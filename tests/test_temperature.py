@@ -1,4 +1,4 @@
-"""The inference temperature from cached branches, its fit, and paired bootstrap intervals."""
+"""The retrieval temperature from cached branches, its fit, and paired bootstrap intervals."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""The inference temperature τ of λ = softmax(s / τ) (paper §3.2), swept from cached branches.
+"""The retrieval temperature τ of λ = softmax(s / τ) (paper §3.2), swept from cached branches.
 
 ``retrievers`` are ``label=source`` pairs (a packaged name, a hub id or an exported folder).
 NQ: the dev questions, 4-shot prompts, gold-answer log-likelihood; τ is fitted on the same dev

@@ -8,8 +8,8 @@ import dataclasses
 class SweepConfig:
     base: str = "experiments/configs/lsr_nq.py:tiny"  # the LSR config every run starts from
     data_dir: str = ""  # a folder of train/dev/corpus.jsonl replacing the base's data
-    gammas: tuple = (0.01, 0.1, 1.0)  # retrieval temperature γ of P_R
-    betas: tuple = (0.01, 0.1, 1.0)  # LM temperature β of Q
+    gammas: tuple = (0.01, 0.1, 1.0)  # supervision temperature γ of P_R (Eq. 3)
+    betas: tuple = (0.01, 0.1, 1.0)  # supervision temperature β of Q (Eq. 4)
     directions: tuple = ("retriever_to_lm", "lm_to_retriever")
     train_examples: int = 96  # the first N questions of the base config's training data
     dev_examples: int = 32  # and of its dev data; the corpus is their gold passages

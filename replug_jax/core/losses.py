@@ -100,8 +100,8 @@ def lsr_loss(retrieval_scores, lm_scores, gamma: float = 0.1, beta: float = 0.1,
         trained (cosine per Eq. 1, or dot product: the caller's choice). Gradients flow here.
       lm_scores: ``[..., K]`` LM scores of the gold continuation given each document, or
         per-token log-probs ``[..., K, T]``. Treated as constants.
-      gamma: retrieval temperature γ (paper 0.1).
-      beta: LM temperature β (paper 0.1).
+      gamma: the retriever's supervision temperature γ (Eq. 3; paper 0.1).
+      beta: the LM's supervision temperature β (Eq. 4; paper 0.1).
       mask: optional boolean ``[..., K]``; False marks padding documents, excluded from
         both distributions.
       direction: ``"retriever_to_lm"`` KL(P_R ‖ Q) (paper) or ``"lm_to_retriever"`` KL(Q ‖ P_R).
@@ -134,7 +134,7 @@ def marginal_nll_loss(retrieval_scores, lm_logliks, gamma: float = 0.1, mask=Non
       retrieval_scores: ``[..., K]`` retriever similarities (gradients flow here).
       lm_logliks: ``[..., K]`` total log-likelihoods ``log p_LM(y | d_k, x)`` (a true
         likelihood, so the token *sum*, not the mean), treated as constants.
-      gamma: retrieval temperature.
+      gamma: the retriever's supervision temperature γ (Eq. 3).
       mask: optional boolean ``[..., K]`` for padding documents.
       reduction: ``"mean"`` or ``"sum"`` over queries.
     """

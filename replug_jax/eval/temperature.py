@@ -1,4 +1,4 @@
-"""The inference temperature τ of REPLUG's weights ``λ = softmax(s(d, x) / τ)`` (paper §3.2)
+"""The retrieval temperature τ of REPLUG's weights ``λ = softmax(s(d, x) / τ)`` (paper §3.2)
 as a research axis: every (example, document) branch is scored by the LM once, its per-token
 log-probabilities cached, and the ensemble for any weighting evaluated from the cache.
 

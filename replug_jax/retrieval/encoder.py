@@ -111,7 +111,7 @@ class Retriever:
     def load(cls, source: str = DEFAULT_RETRIEVER, **kwargs) -> "Retriever":
         """A retriever from any source; a folder exported from an LSR run brings its
         ``replug.json`` (similarity, the sequence lengths it was trained with and, once
-        fitted, its inference temperature), which ``kwargs`` may still override."""
+        fitted, its retrieval temperature), which ``kwargs`` may still override."""
         settings_path = pathlib.Path(source) / "replug.json"
         passages = None
         if settings_path.is_file():

@@ -203,7 +203,7 @@ def record_temperature(folder: str | pathlib.Path, temperature: float, evidence:
     if not settings_path.is_file():
         raise ValueError(f"{folder}: no replug.json, not a retriever exported by replug-jax")
     if not temperature > 0:
-        raise ValueError(f"the inference temperature must be > 0, got {temperature}")
+        raise ValueError(f"the retrieval temperature must be > 0, got {temperature}")
     settings = json.loads(settings_path.read_text())
     settings.update(temperature=float(temperature), temperature_fit=evidence)
     write_text_atomic(json.dumps(settings, indent=2) + "\n", settings_path)

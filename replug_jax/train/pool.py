@@ -205,8 +205,8 @@ class PoolTrainConfig:
     """One LSR run on a pool (the study varies ``objective``, ``gamma``, ``beta``)."""
 
     objective: str = "kl_retriever_to_lm"  # | kl_lm_to_retriever | marginal
-    gamma: float = 0.1  # retrieval temperature of P_R (§4.1)
-    beta: float = 0.1  # LM temperature of Q (§4.2)
+    gamma: float = 0.1  # supervision temperature of P_R (§4.1, Eq. 3)
+    beta: float = 0.1  # supervision temperature of Q (§4.2, Eq. 4)
     k: int = 4  # documents retrieved within each pool
     lm_score: str = "mean"  # sequence score of a branch: mean or sum of token log-probs
     steps: int = 2000
