@@ -28,9 +28,12 @@ models: $(PY)
 demo: install models
 	$(VENV)/bin/replug demo
 
-# The whole suite, with the 25 slowest tests listed at the end.
+# The whole suite in TEST_WORKERS processes (pytest-xdist; a test file stays in one process,
+# so its module fixtures load once), with the 25 slowest tests listed at the end. Each
+# process can take ~6 GB: raise it only with the memory to match.
+TEST_WORKERS ?= 2
 test: install-test models
-	$(PY) -m pytest -q -rs --durations=25 tests
+	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 # The suite without the tests marked slow (seconds each on 2 CPU cores): for the edit-test loop.
 test-fast: install-test models

@@ -219,3 +219,81 @@ def test_ask_puts_the_passage_inside_a_chat_lm_s_user_turn(tmp_path, capsys):
         else:
             assert passage < branch.index("<|im_start|>")
         assert out["chat_layout"] == layout
+
+
+# -- one line and exit 2 for malformed corpora, queries and index folders --------------------
+
+def _one_line_error(capsys, argv, match):
+    from replug_jax.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    lines = [e for e in err if e.startswith("replug: error:")]
+    assert len(lines) == 1 and "Traceback" not in "\n".join(err), err
+    assert __import__("re").search(match, lines[0]), lines[0]
+
+
+@pytest.fixture(scope="module")
+def small_index(tmp_path_factory):
+    from tests._models import packaged_or_skip
+    from replug_jax.cli import main
+
+    packaged_or_skip("minilm")
+    d = tmp_path_factory.mktemp("cli")
+    corpus = d / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"passage {i} about topic {i % 5}"}) + "\n"
+                              for i in range(20)))
+    assert main(["index", "build", "--corpus", str(corpus), "--out", str(d / "idx")]) == 0
+    return d, corpus
+
+
+@pytest.mark.parametrize("case", ["bogus_factory", "ivf_too_big", "pq_too_big", "empty",
+                                  "not_json", "null_text_only", "numeric_text", "missing"])
+def test_index_build_refuses_bad_input_in_one_line_before_work(case, small_index, capsys):
+    d, corpus = small_index
+    out = d / f"out_{case}"
+    args = {"bogus_factory": ["--factory", "bogus"], "ivf_too_big": ["--factory", "IVF64,Flat"],
+            "pq_too_big": ["--factory", "IVF2,PQ8"]}.get(case, [])
+    bad = d / f"{case}.jsonl"
+    bad.write_text({"empty": "\n\n", "not_json": '{"text": "a"}\n{oops\n',
+                    "null_text_only": '{"text": null}\n', "numeric_text": '{"text": 5}\n'}
+                   .get(case, ""))
+    source = corpus if case in args or case.endswith("big") or case == "bogus_factory" else bad
+    if case == "missing":
+        source = d / "nowhere.jsonl"
+    match = {"bogus_factory": "FAISS cannot build it", "ivf_too_big": "needs at least 64",
+             "pq_too_big": "needs at least 256", "empty": "empty", "not_json": "not valid JSON",
+             "null_text_only": "empty", "numeric_text": "must be a string",
+             "missing": "no such file"}[case]
+    _one_line_error(capsys, ["index", "build", "--corpus", str(source), "--out", str(out),
+                             *args], match)
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+
+
+@pytest.mark.parametrize("case", ["no_folder", "manifest_corrupt", "manifest_missing",
+                                  "store_truncated"])
+def test_index_search_refuses_broken_folders_in_one_line(case, small_index, capsys, tmp_path):
+    import shutil
+
+    d, _ = small_index
+    broken = tmp_path / "idx"
+    if case != "no_folder":
+        shutil.copytree(d / "idx", broken)
+    if case == "manifest_corrupt":
+        (broken / "manifest.json").write_text("{not json")
+    elif case == "manifest_missing":
+        (broken / "manifest.json").unlink()
+    elif case == "store_truncated":
+        store = broken / "passages.arrow"
+        store.write_bytes(store.read_bytes()[:100])
+    _one_line_error(capsys, ["index", "search", str(broken), "topic"], str(broken.name))
+
+
+@pytest.mark.parametrize("content, match", [('{"context": "a"}\n', "needs 'context'"),
+                                            ("not json\n", "not valid JSON"),
+                                            ("\n", "no examples")])
+def test_malformed_score_inputs_are_one_line(content, match, tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text(content)
+    _one_line_error(capsys, ["score", "--input", str(path), "--mode", "none"], match)
+

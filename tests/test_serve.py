@@ -259,3 +259,65 @@ def test_prompt_logprobs_n_returns_the_token_and_its_top_n_and_n_above_1_is_refu
         assert [v["rank"] for v in ranked][:3] == [1, 2, 3] and 3 <= len(entry) <= 4
         assert ranked[0]["logprob"] >= ranked[1]["logprob"] >= ranked[2]["logprob"]
         assert ranked[0]["logprob"] >= own["logprob"] - 1e-5
+
+
+# -- top log-probs keyed by token, bytes, max_tokens 0 ----------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_server():
+    import httpx
+
+    from tests._models import tiny_lm
+    from replug_jax.lm.server import ServeLimits
+
+    lm = tiny_lm(3)
+    with Server(lm, ServeLimits(batch_window_s=0.01)) as server:
+        yield lm, server, httpx
+
+
+def test_served_top_logprobs_merge_tokens_of_equal_text(tiny_server):
+    """Top-20 after a Japanese prompt: every one of the 20 alternatives counts (equal texts
+    add their probabilities; before, the last overwrote the others), and only the end of text
+    is the empty string."""
+    lm, server, _ = tiny_server
+    prompt = "日本語の文章を書きます。東京"
+    body = {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 20}
+    block = server.post(body).json()["choices"][0]["logprobs"]
+    seq = lm.bos + lm.encode(prompt)
+    lp, ids = lm.position_top_logprobs(seq, 20)
+    for pos, top in enumerate(block["top_logprobs"][1:], start=len(lm.bos)):
+        want = np.logaddexp.reduce(lp[pos])
+        got = np.logaddexp.reduce(list(top.values()))
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        texts = [lm.tokenizer.decode([int(x)]) for x in ids[pos]]
+        assert len(top) == len(set("" if x == lm.eos_id else t for x, t in zip(ids[pos], texts)))
+        assert ("" in top) == (lm.eos_id in ids[pos])
+
+
+def test_merged_top_adds_probabilities_of_equal_texts():
+    from tests._models import tiny_lm
+    from replug_jax.lm.serve_logprobs import merged_top
+
+    lm = tiny_lm(0)
+    byte_tokens = [115, 179]  # two byte tokens of multi-byte characters: both decode to U+FFFD
+    assert {lm.tokenizer.decode([t]) for t in byte_tokens} == {"\ufffd"}
+    top = merged_top(lm, byte_tokens + [lm.eos_id, 1], [-1.0, -2.0, -3.0, -4.0])
+    assert top["\ufffd"] == pytest.approx(np.logaddexp(-1.0, -2.0))
+    assert top[""] == -3.0 and top["<|im_start|>"] == -4.0
+
+
+def test_chat_content_bytes_are_the_tokens_own_and_max_tokens_zero_is_zero(tiny_server):
+    lm, server, httpx = tiny_server
+    body = {"messages": [{"role": "user", "content": "日本語 🙂"}], "max_tokens": 0}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert r["usage"]["completion_tokens"] == 0 and r["choices"][0]["message"]["content"] == ""
+    body = {"messages": [{"role": "user", "content": "日本語 🙂"}], "max_tokens": 12,
+            "logprobs": True, "top_logprobs": 5, "temperature": 0}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    joined = b"".join(bytes(e["bytes"]) for e in content)
+    assert joined.decode("utf-8", errors="replace") == r["choices"][0]["message"]["content"]
+    for e in content:
+        assert all(len(a["bytes"]) or a["token"] == "" for a in e["top_logprobs"])
+        assert len(e["top_logprobs"]) == 5  # keyed by token: none lost to equal texts
+

@@ -1,0 +1,36 @@
+"""Exact search (retrieval/jax_search.py, the index facade): no row past the corpus, non-finite
+vectors and queries refused."""
+
+import numpy as np
+import pytest
+
+
+def test_exact_topk_never_returns_rows_past_the_corpus():
+    """N = 514 (a short last bin of 2 rows): when the short bin wins and the other rows'
+    products overflow to -inf, its fill rows past N once tied and came back (row 514)."""
+    from replug_jax.retrieval.jax_search import exact_topk
+
+    c = np.full((514, 8), -3e37, np.float32)
+    c[512:] = 1.0
+    scores, rows = exact_topk(np.full((2, 8), 10.0, np.float32), c, 3)
+    assert np.asarray(rows).max() < 514 and sorted(np.asarray(rows)[0][:2]) == [512, 513]
+
+
+def test_non_finite_vectors_and_queries_are_refused():
+    from replug_jax.retrieval.corpus import Passage
+    from replug_jax.retrieval.index import DeviceIndex, Index
+    from replug_jax.sharding import make_mesh
+
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(50, 8)).astype(np.float32)
+    passages = [Passage(i, f"p{i}") for i in range(50)]
+    bad = emb.copy()
+    bad[7, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite.*row 7"):
+        DeviceIndex(bad, passages, make_mesh(1))
+    q = emb[:3].copy()
+    q[1, 0] = np.inf
+    for index in (DeviceIndex(emb, passages, make_mesh(1)), Index.build(emb, passages)):
+        with pytest.raises(ValueError, match="NaN or infinite components \\(first: query 1"):
+            index.search(q, 5)
+
