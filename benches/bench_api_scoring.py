@@ -24,7 +24,7 @@ def main(argv=None) -> None:
 
     from replug_jax.lm.api_scorer import APIScorer
     from replug_jax.lm.flax_scorer import FlaxLM
-    from replug_jax.lm.server import ServeLimits, create_app
+    from replug_jax.serve.app import ServeLimits, create_app
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=64, help="pairs scored per setting")

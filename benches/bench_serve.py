@@ -76,7 +76,7 @@ def main(argv=None) -> None:
     import uvicorn
 
     from replug_jax.lm.flax_scorer import FlaxLM
-    from replug_jax.lm.server import ServeLimits, create_app
+    from replug_jax.serve.app import ServeLimits, create_app
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=32, help="requests per level (default 32)")

@@ -27,7 +27,7 @@ def served():
     """The packaged SmolLM2 behind our FastAPI server, in a thread on 127.0.0.1."""
     import uvicorn
 
-    from replug_jax.lm.server import create_app
+    from replug_jax.serve.app import create_app
 
     packaged_or_skip("smollm2")
     lm = FlaxLM.load("smollm2", max_context=512)
@@ -390,7 +390,7 @@ def test_openai_package_is_a_client_of_replug_serve(served):
     """The `openai` package against our server: legacy-shape echo scoring on /v1/completions
     and content[]-shape top log-probs on /v1/chat/completions, equal to the in-process LM."""
     openai = pytest.importorskip("openai")
-    from replug_jax.lm.server import chat_prompt
+    from replug_jax.serve.app import chat_prompt
 
     lm, url = served
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

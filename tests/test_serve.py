@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replug_jax.lm.server import ServeLimits
+from replug_jax.serve.app import ServeLimits
 from tests._models import packaged_or_skip
 from tests.test_api import _free_port
 
@@ -35,7 +35,7 @@ class Server:
     def __init__(self, lm, limits: ServeLimits, api_key: str | None = None):
         import uvicorn
 
-        from replug_jax.lm.server import create_app
+        from replug_jax.serve.app import create_app
 
         self.app = create_app(lm, "smollm2", limits=limits, api_key=api_key)
         self.port = _free_port()
@@ -153,7 +153,7 @@ def test_non_loopback_without_a_key_is_refused():
     from replug_jax.cli import main
 
     assert main(["serve", "--host", "0.0.0.0"]) == 2
-    from replug_jax.lm.server import is_loopback
+    from replug_jax.serve.app import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
@@ -268,7 +268,7 @@ def tiny_server():
     import httpx
 
     from tests._models import tiny_lm
-    from replug_jax.lm.server import ServeLimits
+    from replug_jax.serve.app import ServeLimits
 
     lm = tiny_lm(3)
     with Server(lm, ServeLimits(batch_window_s=0.01)) as server:
@@ -296,7 +296,7 @@ def test_served_top_logprobs_merge_tokens_of_equal_text(tiny_server):
 
 def test_merged_top_adds_probabilities_of_equal_texts():
     from tests._models import tiny_lm
-    from replug_jax.lm.serve_logprobs import merged_top
+    from replug_jax.serve.logprobs import merged_top
 
     lm = tiny_lm(0)
     byte_tokens = [115, 179]  # two byte tokens of multi-byte characters: both decode to U+FFFD

@@ -20,7 +20,7 @@ from replug_jax.models import DEFAULT_LM
 
 def serve_settings(args):
     """Limits and the API key of ``replug serve``, checked before the model loads."""
-    from replug_jax.lm.server import API_KEY_ENV, ServeLimits, check_exposure
+    from replug_jax.serve.app import API_KEY_ENV, ServeLimits, check_exposure
 
     limits = ServeLimits(**{f.name: getattr(args, f.name)
                             for f in dataclasses.fields(ServeLimits)})
@@ -32,7 +32,7 @@ def serve_settings(args):
 def cmd_serve(args) -> int:
     import jax
 
-    from replug_jax.lm.server import serve
+    from replug_jax.serve.app import serve
 
     limits, api_key = serve_settings(args)
     lm = load_flax_lm(args)
@@ -71,7 +71,7 @@ def check(args) -> None:
 
 
 def add_parsers(sub) -> None:
-    from replug_jax.lm.server import API_KEY_ENV, ServeLimits
+    from replug_jax.serve.app import API_KEY_ENV, ServeLimits
 
     srv = command(sub, "serve", cmd_serve, json=False, check=check,
                   help="serve a Flax LM over an OpenAI-compatible API",

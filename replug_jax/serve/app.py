@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from replug_jax.extras import require
-from replug_jax.lm.serve_logprobs import (
+from replug_jax.serve.logprobs import (
     content_logprobs,
     logprob_blocks,
     public,
     token_bytes,
     tokens_with_offsets,
 )
-from replug_jax.lm.serve_requests import (
+from replug_jax.serve.limits import (
     RequestError,
     ServeLimits,
     chat_prompt,
