@@ -174,59 +174,60 @@ def difference(cfg, a, b, num_bytes) -> dict:
     return bpb_difference(a, b, num_bytes, **kw)
 
 
-def main(argv=None):
-    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
-    retrievers = parse_retrievers(cfg.retrievers)
-    if cfg.steps and (len(cfg.steps) != len(retrievers) or cfg.dataset != "wikitext"):
-        raise ValueError(f"steps gives one training step per retriever of a wikitext run: "
-                         f"{len(cfg.steps)} steps for {len(retrievers)} retrievers")
-    if cfg.record and cfg.record not in dict(retrievers):
-        raise ValueError(f"record={cfg.record!r} names no retriever of {cfg.retrievers}")
-    work = pathlib.Path(cfg.workdir) / args.config
-    progress = not args.no_progress
-    with Timer() as sw:
-        lm = load_lm(cfg.lm, cfg.max_context)
-        passages = load_corpus(cfg, lm)
-        # NQ fits τ on the reported questions (cross-fitted); WikiText on separate articles
-        splits = ("report",) if cfg.dataset == "nq" else ("fit", "report")
-        data = {s: examples(cfg, lm, s, passages) for s in splits}
-        report = data["report"]
-        num_bytes = np.array([len(t.encode("utf-8")) for t in report["targets"]], np.int64)
-        plain = score_split(Replug(lm, mode="none"), report, work / "lm_alone.npy", "none",
-                            progress, split_key(cfg, lm, report))
-        caches, hits_at = {}, {}
-        with_gold = report["gold"] is not None and all(g is not None for g in report["gold"])
-        for label, source in retrievers:
-            retriever = Retriever.load(source)
-            paths = {s: work / f"{label}_{s}.npz" for s in splits}
-            keys = {s: split_key(cfg, lm, data[s], retriever, passages) for s in splits}
-            pipe = None  # the corpus is embedded only when a split is not cached yet
-            if with_gold or not all(cached(paths[s], keys[s]) for s in splits):
-                pipe = Replug(lm, retriever, index_in_memory(passages, retriever),
-                              k=cfg.k, retrieval_temperature=1.0)
-            caches[label] = {s: score_split(pipe, data[s], paths[s], "replug", progress,
-                                            keys[s]) for s in splits}
-            if with_gold:
-                hits = pipe.index.search(retriever.encode_queries(report["queries"]), 5)
-                hits_at[label] = {f"recall@{r}": np.array(
-                    [g in row[:r] for g, row in zip(report["gold"], hits.ids)], np.float64)
-                    for r in (1, 5)}
+def score_all(cfg, retrievers, work: pathlib.Path, progress: bool) -> dict:
+    """One LM pass per retriever and split, cached on disk: the splits, the LM alone's
+    log-likelihoods, each retriever's branch caches and, where the gold passage is known, its
+    hits at ranks 1 and 5."""
+    lm = load_lm(cfg.lm, cfg.max_context)
+    passages = load_corpus(cfg, lm)
+    # NQ fits τ on the reported questions (cross-fitted); WikiText on separate articles
+    splits = ("report",) if cfg.dataset == "nq" else ("fit", "report")
+    data = {s: examples(cfg, lm, s, passages) for s in splits}
+    report = data["report"]
+    plain = score_split(Replug(lm, mode="none"), report, work / "lm_alone.npy", "none",
+                        progress, split_key(cfg, lm, report))
+    caches, hits_at = {}, {}
+    with_gold = report["gold"] is not None and all(g is not None for g in report["gold"])
+    for label, source in retrievers:
+        retriever = Retriever.load(source)
+        paths = {s: work / f"{label}_{s}.npz" for s in splits}
+        keys = {s: split_key(cfg, lm, data[s], retriever, passages) for s in splits}
+        pipe = None  # the corpus is embedded only when a split is not cached yet
+        if with_gold or not all(cached(paths[s], keys[s]) for s in splits):
+            pipe = Replug(lm, retriever, index_in_memory(passages, retriever),
+                          k=cfg.k, retrieval_temperature=1.0)
+        caches[label] = {s: score_split(pipe, data[s], paths[s], "replug", progress, keys[s])
+                         for s in splits}
+        if with_gold:
+            hits = pipe.index.search(retriever.encode_queries(report["queries"]), 5)
+            hits_at[label] = {f"recall@{r}": np.array(
+                [g in row[:r] for g, row in zip(report["gold"], hits.ids)], np.float64)
+                for r in (1, 5)}
+    return {"data": data, "plain": plain, "caches": caches, "hits_at": hits_at}
+
+
+def recall_rows(cfg, hits_at: dict, retrievers) -> dict:
+    """Recall of the gold passage per retriever, paired against the first retriever's."""
     recalls = {}
-    for label, per in hits_at.items():  # recall of the gold passage, vs the first retriever
-        first = hits_at[retrievers[0][0]]
+    first = retrievers[0][0]
+    for label, per in hits_at.items():
         recalls[label] = {key: float(np.mean(v)) for key, v in per.items()}
-        if label != retrievers[0][0]:
+        if label != first:
             recalls[label]["vs_base"] = {key: paired_bootstrap(
-                v, first[key], resamples=cfg.bootstrap_resamples, seed=cfg.seed)
+                v, hits_at[first][key], resamples=cfg.bootstrap_resamples, seed=cfg.seed)
                 for key, v in per.items()}
-    rows, table, fits = {}, [], {}
-    schemes = [*cfg.temperatures, "uniform", "top1", "fitted"]
+    return recalls
+
+
+def scheme_rows(cfg, caches: dict, retrievers) -> tuple[dict, dict]:
+    """``(rows, fits)``: per retriever, the report split's log-likelihoods under every weighting
+    (each τ, uniform, top-1, the fitted τ), and its τ fitted on the fit split."""
+    rows, fits = {}, {}
     for label, _ in retrievers:
         c = caches[label]
-        fit_cache = c["fit"] if "fit" in c else c["report"]
-        fits[label] = fit_temperature(fit_cache, BOUNDS)
+        fits[label] = fit_temperature(c["fit"] if "fit" in c else c["report"], BOUNDS)
         per = {}
-        for scheme in schemes:
+        for scheme in [*cfg.temperatures, "uniform", "top1", "fitted"]:
             if scheme == "fitted":
                 if cfg.dataset == "nq":  # each question scored at the τ fitted on the others
                     ll, taus = cross_fit_logliks(c["report"], 2, cfg.seed, BOUNDS)
@@ -239,21 +240,26 @@ def main(argv=None):
                 note = f"τ = {scheme}" if isinstance(scheme, float) else scheme
             per[str(scheme)] = {"logliks": ll, "note": note}
         rows[label] = per
+    return rows, fits
+
+
+def dev_rows(cfg, scored: dict, retrievers) -> dict:
+    """The dev articles at τ = 1 (WikiText): where a training curve is read."""
     base_label = retrievers[0][0]
-    payload = {"config": {k: v for k, v in vars(cfg).items()}, "examples": len(num_bytes),
-               "lm_alone": metric(cfg, plain, num_bytes), "fits": fits, "recall": recalls,
-               "rows": {}, "seconds": sw.seconds, "provenance": provenance()}
-    if "fit" in data:  # the dev articles at τ = 1: where a training curve is read
-        dev_bytes = np.array([len(t.encode("utf-8")) for t in data["fit"]["targets"]],
-                             np.int64)
-        dev_ll = {label: mixture_logliks(caches[label]["fit"], 1.0) for label, _ in retrievers}
-        payload["dev"] = {label: {"metric": metric(cfg, ll, dev_bytes), "windows": len(ll),
-                                  **({"vs_base": difference(cfg, ll, dev_ll[base_label],
-                                                            dev_bytes)}
-                                     if label != base_label else {})}
-                          for label, ll in dev_ll.items()}
-    name = "mean gold-answer log-lik" if cfg.dataset == "nq" else "bits per byte"
-    table.append(("LM alone", "—", f"{payload['lm_alone']:.4f}", "", ""))
+    dev_bytes = np.array([len(t.encode("utf-8")) for t in scored["data"]["fit"]["targets"]],
+                         np.int64)
+    dev_ll = {label: mixture_logliks(scored["caches"][label]["fit"], 1.0)
+              for label, _ in retrievers}
+    return {label: {"metric": metric(cfg, ll, dev_bytes), "windows": len(ll),
+                    **({"vs_base": difference(cfg, ll, dev_ll[base_label], dev_bytes)}
+                       if label != base_label else {})}
+            for label, ll in dev_ll.items()}
+
+
+def compared_rows(cfg, rows: dict, plain, num_bytes, base_label: str) -> tuple[dict, list]:
+    """``(payload rows, table rows)``: each weighting's metric, against τ = 1 (or, at τ = 1,
+    the LM alone) and against the base retriever at the same weighting."""
+    out, table = {}, []
     for label, per in rows.items():
         ref = per["1.0"]["logliks"] if "1.0" in per else None
         for scheme, entry in per.items():
@@ -266,32 +272,63 @@ def main(argv=None):
             if label != base_label:
                 row["vs_base"] = difference(cfg, ll, rows[base_label][scheme]["logliks"],
                                             num_bytes)
-            payload["rows"][f"{label}/{scheme}"] = row
+            out[f"{label}/{scheme}"] = row
             versus = row.get("vs_tau1") or row.get("vs_lm_alone")
             table.append((label, entry["note"], f"{row['metric']:.4f}",
                           ("vs LM alone " if "vs_lm_alone" in row else "") +
                           (format_interval(versus, 4) if versus else ""),
                           format_interval(row["vs_base"], 4) if "vs_base" in row else ""))
+    return out, table
+
+
+def notes(cfg, payload: dict, work, base_label: str) -> str:
+    fits, recalls = payload["fits"], payload["recall"]
+    unit = "questions" if cfg.dataset == "nq" else "windows"
+    return (f"{payload['examples']} {'questions' if cfg.dataset == 'nq' else 'test windows'}, "
+            f"k = {cfg.k}; one LM pass per retriever (branch caches in `{work}`). "
+            f"Fitted τ (bounds {BOUNDS}): " + "; ".join(
+                f"{label} {f['temperature']:.3g}" + (" (at a bound)" if f["at_bound"] else "")
+                for label, f in fits.items()) + f". Intervals: paired bootstrap over {unit}, "
+            f"{cfg.bootstrap_resamples} resamples. "
+            + ("Higher is better." if cfg.dataset == "nq" else "Lower is better.")
+            + (" Recall of the gold passage: " + "; ".join(
+                f"{label} {recall_text(r)}" for label, r in recalls.items())
+                if recalls else "")
+            + (" Dev articles at τ = 1 (bits per byte): " + "; ".join(
+                f"{label} {d['metric']:.4f}"
+                + (f" ({format_interval(d['vs_base'], 4)} vs {base_label})"
+                   if "vs_base" in d else "")
+                for label, d in payload["dev"].items()) + "." if "dev" in payload else ""))
+
+
+def main(argv=None):
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
+    retrievers = parse_retrievers(cfg.retrievers)
+    if cfg.steps and (len(cfg.steps) != len(retrievers) or cfg.dataset != "wikitext"):
+        raise ValueError(f"steps gives one training step per retriever of a wikitext run: "
+                         f"{len(cfg.steps)} steps for {len(retrievers)} retrievers")
+    if cfg.record and cfg.record not in dict(retrievers):
+        raise ValueError(f"record={cfg.record!r} names no retriever of {cfg.retrievers}")
+    work = pathlib.Path(cfg.workdir) / args.config
+    with Timer() as sw:
+        scored = score_all(cfg, retrievers, work, not args.no_progress)
+    report, plain = scored["data"]["report"], scored["plain"]
+    num_bytes = np.array([len(t.encode("utf-8")) for t in report["targets"]], np.int64)
+    rows, fits = scheme_rows(cfg, scored["caches"], retrievers)
+    base_label = retrievers[0][0]
+    payload = {"config": {k: v for k, v in vars(cfg).items()}, "examples": len(num_bytes),
+               "lm_alone": metric(cfg, plain, num_bytes), "fits": fits,
+               "recall": recall_rows(cfg, scored["hits_at"], retrievers),
+               "rows": {}, "seconds": sw.seconds, "provenance": provenance()}
+    if "fit" in scored["data"]:
+        payload["dev"] = dev_rows(cfg, scored, retrievers)
+    name = "mean gold-answer log-lik" if cfg.dataset == "nq" else "bits per byte"
+    payload["rows"], table = compared_rows(cfg, rows, plain, num_bytes, base_label)
+    table.insert(0, ("LM alone", "—", f"{payload['lm_alone']:.4f}", "", ""))
     out = write_results(
         "inference_temperature", args.config, payload, table,
         ("retriever", "weights", name, "Δ vs τ = 1 [95 % CI]", f"Δ vs {base_label} [95 % CI]"),
-        notes=(f"{len(num_bytes)} {'questions' if cfg.dataset == 'nq' else 'test windows'}, "
-               f"k = {cfg.k}; one LM pass per retriever (branch caches in `{work}`). "
-               f"Fitted τ (bounds {BOUNDS}): " + "; ".join(
-                   f"{label} {f['temperature']:.3g}" + (" (at a bound)" if f["at_bound"] else "")
-                   for label, f in fits.items()) + ". Intervals: paired bootstrap over "
-               f"{'questions' if cfg.dataset == 'nq' else 'windows'}, "
-               f"{cfg.bootstrap_resamples} resamples. "
-               + ("Higher is better." if cfg.dataset == "nq" else "Lower is better.")
-               + (" Recall of the gold passage: " + "; ".join(
-                   f"{label} {recall_text(r)}" for label, r in recalls.items())
-                   if recalls else "")
-               + (" Dev articles at τ = 1 (bits per byte): " + "; ".join(
-                   f"{label} {d['metric']:.4f}"
-                   + (f" ({format_interval(d['vs_base'], 4)} vs {base_label})"
-                      if "vs_base" in d else "")
-                   for label, d in payload["dev"].items()) + "." if "dev" in payload else "")),
-        root=args.out, differences=DIFFERENCES)
+        notes=notes(cfg, payload, work, base_label), root=args.out, differences=DIFFERENCES)
     plot(cfg, rows, payload, out / f"{args.config}.png", name)
     if cfg.steps:
         plot_curve(cfg, retrievers, payload, out / f"{args.config}_curve.png")

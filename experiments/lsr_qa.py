@@ -331,6 +331,52 @@ def main(argv=None):
     write_report(payload, rows, cfg, args, chosen)
 
 
+def recall_endpoint(cfg, folds: list[dict], hits: dict, study, art: list) -> dict:
+    """The primary endpoint of a recall study: recall@r on every test question
+    (``study.recall_test``, or the LM's test questions), each retriever against the base,
+    clustered by article."""
+    hits_all = folds[0].get("recall_hits") or {n: hits[n] for n in hits}
+    wide_art = [q.article for q in study.recall_test] if study.recall_test is not None else art
+    return {"questions": len(wide_art), "articles": len(set(wide_art)),
+            "recall": {n: {str(r): float(h[r].mean()) for r in cfg.recall_ks}
+                       for n, h in hits_all.items()},
+            "vs_base": {n: {str(r): compare(h[r], hits_all[BASE][r], wide_art, cfg)
+                            for r in cfg.recall_ks}
+                        for n, h in hits_all.items() if n != BASE}}
+
+
+def answer_scores(folds: list[dict], test_qs: list, art: list, cfg) -> dict:
+    """EM / F1 of the base's and the chosen retriever's generated answers on the test rows
+    that generated, and chosen − base (clustered by article) when both did."""
+    qa, offset, gen = {}, 0, []
+    for f in folds:
+        gen += (offset + f["gen_rows"]).tolist()
+        offset += len(f["questions"]["test"])
+    refs = [test_qs[i].answers for i in gen]
+    for who in (BASE, "chosen"):
+        preds = [a for f in folds for a in f["answers"].get(who, [])]
+        if len(preds) == len(gen) and gen:
+            qa[who] = {"em": [exact_match(p, a) for p, a in zip(preds, refs)],
+                       "f1": [f1_score(p, a) for p, a in zip(preds, refs)],
+                       "predictions": preds, "test_rows": gen}
+    if len(qa) == 2:
+        qa["chosen_vs_base"] = {m: compare(qa["chosen"][m], qa[BASE][m], [art[i] for i in gen],
+                                           cfg) for m in ("em", "f1")}
+    return qa
+
+
+def release_rule_text(passes: bool, gated: bool, margin: float) -> str:
+    """The release rule's verdict in words (``gated``: the log-likelihood's lower bound must
+    also stay above −margin)."""
+    if passes:
+        return ("passes: the chosen retriever beats its base with a 95 % interval excluding "
+                "zero" + (" and its gold-answer log-likelihood's lower bound is above "
+                          f"−{margin:g} nats" if gated else ""))
+    return ("fails: not better than its base with an interval excluding zero"
+            + (", or the gold-answer log-likelihood's lower bound is below "
+               f"−{margin:g} nats" if gated else "") + "; nothing is released")
+
+
 def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
     """All folds' test questions together: per retriever its rows, the primary endpoint
     (the variant chosen on dev in each fold − the base), the diagnostics and EM / F1."""
@@ -365,17 +411,7 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
     passes = release_passes(primary, higher_is_better=True)
     wide = None
     if getattr(cfg, "primary", "loglik") == "recall@1":
-        # recall@1 on every test question (study.recall_test, or the LM's test questions),
-        # clustered by article; the log-likelihood gates: its lower bound above −margin
-        hits_all = folds[0].get("recall_hits") or {n: hits[n] for n in hits}
-        wide_art = ([q.article for q in study.recall_test] if study.recall_test is not None
-                    else art)
-        wide = {"questions": len(wide_art), "articles": len(set(wide_art)),
-                "recall": {n: {str(r): float(h[r].mean()) for r in cfg.recall_ks}
-                           for n, h in hits_all.items()},
-                "vs_base": {n: {str(r): compare(h[r], hits_all[BASE][r], wide_art, cfg)
-                                for r in cfg.recall_ks}
-                            for n, h in hits_all.items() if n != BASE}}
+        wide = recall_endpoint(cfg, folds, hits, study, art)
         gate = rows[chosen]["vs_base"]
         primary = wide["vs_base"][chosen]["1"]
         passes = release_passes(primary, higher_is_better=True) and \
@@ -384,20 +420,7 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
     headroom = {"dev": compare(cat("oracle", "dev"), cat("base_ll", "dev"), dev_art, cfg),
                 "test": compare(cat("oracle", "test"), cat("base_ll", "test"), art, cfg)
                 if all(f["test_pool_size"] > cfg.k for f in folds) else None}  # else: no room
-    qa, offset, gen = {}, 0, []
-    for f in folds:
-        gen += (offset + f["gen_rows"]).tolist()
-        offset += len(f["questions"]["test"])
-    refs = [test_qs[i].answers for i in gen]
-    for who in (BASE, "chosen"):
-        preds = [a for f in folds for a in f["answers"].get(who, [])]
-        if len(preds) == len(gen) and gen:
-            qa[who] = {"em": [exact_match(p, a) for p, a in zip(preds, refs)],
-                       "f1": [f1_score(p, a) for p, a in zip(preds, refs)],
-                       "predictions": preds, "test_rows": gen}
-    if len(qa) == 2:
-        qa["chosen_vs_base"] = {m: compare(qa["chosen"][m], qa[BASE][m], [art[i] for i in gen],
-                                           cfg) for m in ("em", "f1")}
+    qa = answer_scores(folds, test_qs, art, cfg)
     runs = {(n if len(folds) == 1 else f"fold {i}: {n}"): {k: v for k, v in r.items()
                                                          if k != "params"}
             for i, f in enumerate(folds) for n, r in f["runs"].items()}
@@ -407,15 +430,7 @@ def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
         "chosen_per_fold": picks, "primary": primary,
         "min_detectable_nats": min_detectable(primary),
         "detectable_effect_stated": cfg.detectable_effect, "passes": passes,
-        "release_rule": ("passes: the chosen retriever beats its base with a 95 % interval "
-                         "excluding zero" + ("" if wide is None else " and its gold-answer "
-                                             "log-likelihood's lower bound is above "
-                                             f"−{cfg.loglik_margin:g} nats")
-                         if passes else "fails: not better than its base with an interval "
-                         "excluding zero" + ("" if wide is None else ", or the gold-answer "
-                                             "log-likelihood's lower bound is below "
-                                             f"−{cfg.loglik_margin:g} nats")
-                         + "; nothing is released"),
+        "release_rule": release_rule_text(passes, wide is not None, cfg.loglik_margin),
         "systems": rows, "oracle_vs_base": headroom,
         "lm_alone_test_loglik": float(np.concatenate([f["alone"] for f in folds]).mean()),
         "qa": qa, "folds": len(folds),

@@ -3,12 +3,11 @@ and — when the pre-registered rule passes — the chosen retriever released as
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import pathlib
 
 from experiments.common import new_figure, save_figure, write_results
 from experiments.configs.lsr_qa import PRIMARY_ENDPOINT
+from experiments.lsr_common import write_release
 from replug_jax.eval.stats import format_interval
 
 
@@ -42,11 +41,6 @@ def release(retriever, params, cfg, chosen: str, rows: dict, payload: dict) -> p
     """The chosen retriever as two towers in float16 (its trained query encoder, the base
     passage encoder: the datastore's embeddings stay valid), with its card and the τ fitted
     on dev; the card gives every number with its interval and the weights' SHA-256."""
-    from replug_jax.models.params import split_params, to_module
-    from replug_jax.train.export import write_two_towers
-
-    graphdef, template, _ = split_params(retriever.model.encoder)
-    query = dataclasses.replace(retriever.model, encoder=to_module(graphdef, template, params))
     r, p = rows[chosen], payload
     settings = {"similarity": retriever.similarity, "query_max_length":
                 retriever.query_max_length, "doc_max_length": retriever.max_length,
@@ -74,15 +68,7 @@ def release(retriever, params, cfg, chosen: str, rows: dict, payload: dict) -> p
         "`experiments/results/lsr_qa/`. Load with `Retriever.load(<this folder>)`, or the "
         "query encoder with `SentenceTransformer(<this folder>)` and the passage encoder "
         "with `SentenceTransformer(<this folder>/passage_encoder)`.", ""])
-    out = write_two_towers(query, retriever.model, cfg.release, settings, card)
-    digests = {f"{sub}model.safetensors": hashlib.sha256(
-        (out / sub / "model.safetensors").read_bytes()).hexdigest()
-        for sub in ("", "passage_encoder/")}
-    with open(out / "MODEL_CARD.md", "a") as f:
-        f.write("\nWeights (float16 safetensors), SHA-256:\n\n" + "".join(
-            f"- `{name}`: `{digest}`\n" for name, digest in digests.items()))
-    return out
-
+    return write_release(retriever, params, cfg.release, settings, card, towers="query")
 
 def chosen_name(runs: dict) -> str:
     """The variant with the best dev value at its selected step (the shuffled-Q control
@@ -125,8 +111,9 @@ def post_hoc(rows: dict, chosen: str) -> str:
             f"{format_interval(r[recall], 3)} vs the base.\n\n")
 
 
-def write_report(payload, rows, cfg, args, chosen) -> None:
-    rk = cfg.recall_ks
+def summary_table(rows: dict, chosen: str, rk) -> list[tuple]:
+    """A row per retriever: τ per fold, dev and test log-likelihoods, recall@k, and the test
+    differences from the base."""
     table = []
     for name, r in rows.items():
         vs = r.get("vs_base")
@@ -136,6 +123,24 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
                       format_interval(vs, 3) if vs else "—",
                       *(f"{r[f'recall@{k}']:.3f}" for k in rk),
                       format_interval(r[f"recall@{rk[0]}_vs_base"], 3) if vs else "—"))
+    return table
+
+
+def plot_curves(payload: dict, path) -> None:
+    """Each run's dev curve (within the dev pools) against its LSR step."""
+    fig, ax = new_figure(figsize=(6, 3.5))
+    for name, r in payload["runs"].items():
+        ax.plot([c["step"] for c in r["curve"]], [c["dev_bpb"] for c in r["curve"]],
+                marker="o", ms=3, label=name)
+    ax.set_xlabel("LSR step")
+    ax.set_ylabel("dev bits per answer byte\n(within the dev pools)")
+    ax.legend(fontsize=6)
+    save_figure(fig, path)
+
+
+def write_report(payload, rows, cfg, args, chosen) -> None:
+    rk = cfg.recall_ks
+    table = summary_table(rows, chosen, rk)
     p, q = payload, payload["questions_per_fold"]
     h = payload["oracle_vs_base"]
     folds = len(q["test"])
@@ -198,14 +203,7 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
                          "test Δ vs base [95 % CI]", *(f"recall@{k}" for k in rk),
                          f"Δ recall@{rk[0]} vs base [95 % CI]"),
                         notes=notes, root=args.out, differences=DIFFERENCES[cfg.dataset])
-    fig, ax = new_figure(figsize=(6, 3.5))
-    for name, r in payload["runs"].items():
-        ax.plot([c["step"] for c in r["curve"]], [c["dev_bpb"] for c in r["curve"]],
-                marker="o", ms=3, label=name)
-    ax.set_xlabel("LSR step")
-    ax.set_ylabel("dev bits per answer byte\n(within the dev pools)")
-    ax.legend(fontsize=6)
-    save_figure(fig, out / f"{args.config}.png")
+    plot_curves(payload, out / f"{args.config}.png")
 
 
 def main(argv=None):

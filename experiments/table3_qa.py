@@ -142,9 +142,9 @@ def load_question_file(path: str, all_questions: list[str]) -> list[int]:
     return out
 
 
-def main(argv=None):
-    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
-    lm = load_lm(cfg.lm, cfg.max_context)
+def load_data(cfg, lm):
+    """``(passages, questions, answers, gold_doc)`` of the config's dataset (``gold_doc``: the
+    gold passage per selected question when the corpus comes from ``corpus_file``)."""
     if cfg.dataset == "nq_open":
         passages, questions, answers = load_nq_open(cfg.corpus, lm.tokenizer)
     elif cfg.dataset == "nq_gold":
@@ -157,29 +157,64 @@ def main(argv=None):
             raise SystemExit("corpus_file replaces the nq_gold corpus; nq_open uses `corpus`")
         passages, gold = corpus_from_file(cfg.corpus_file, len(questions))
         gold_doc = {i: gold[i] for i in select_questions(cfg, questions) if i in gold}
+    return passages, questions, answers, gold_doc
+
+
+def evaluate_rows(cfg, data, lm, progress: bool, partial):
+    """Every row (REPLUG's modes, the LSR retriever's, the other layout's) and its records;
+    ``layout_diffs``: compare_layout − layout per mode, paired on the same questions."""
+    passages, questions, answers, gold_doc = data
+    rows, records = evaluate(cfg, cfg.retriever, passages, questions, answers, lm, "replug",
+                             progress, partial, gold_doc)
+    if cfg.lsr_retriever:
+        lsr_rows, lsr_records = evaluate(cfg, cfg.lsr_retriever, passages, questions, answers,
+                                         lm, "lsr", progress, partial, gold_doc)
+        rows.update(lsr_rows)
+        records.update(lsr_records)
+    layout_diffs = {}
+    if cfg.compare_layout:  # the same questions in the other layout, paired
+        alt_rows, alt_records = evaluate(
+            dataclasses.replace(cfg, layout=cfg.compare_layout), cfg.retriever, passages,
+            questions, answers, lm, "replug", progress, partial, gold_doc)
+        for mode in alt_rows:
+            rows[f"{mode} ({cfg.compare_layout})"] = alt_rows[mode]
+            records[f"{mode} ({cfg.compare_layout})"] = alt_records[mode]
+            layout_diffs[mode] = paired_differences(records[mode], alt_records[mode])
+    return rows, records, layout_diffs
+
+
+def _cell(r: dict, key: str) -> str:
+    """"—" where a mode did not measure it (no generation, no retrieval)."""
+    value = r.get(key)
+    return "—" if value is None or np.isnan(value) else f"{value:.3f}"
+
+
+def _notes(cfg, n: int, seconds: float, differences: dict, layout_diffs: dict) -> str:
+    return (f"{n} questions ({cfg.dataset}), k={cfg.k}, {cfg.shots}-shot, LM {cfg.lm}, "
+            f"retriever {cfg.retriever}"
+            + (f", LSR retriever {cfg.lsr_retriever}" if cfg.lsr_retriever else "")
+            + f", τ = {cfg.temperature}; {seconds:.0f} s."
+            + "".join(f"\n\nREPLUG LSR − REPLUG, {name}: {format_interval(d)} (paired "
+                      f"bootstrap 95 %, {d['items']} questions)"
+                      for name, d in differences.items())
+            + "".join(f"\n\n{cfg.compare_layout} − {cfg.layout}, {mode}, {name}: "
+                      f"{format_interval(d)} (paired bootstrap 95 %, {d['items']} questions)"
+                      for mode, ds in layout_diffs.items() for name, d in ds.items()))
+
+
+def main(argv=None):
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
+    lm = load_lm(cfg.lm, cfg.max_context)
+    data = load_data(cfg, lm)
+    passages, questions = data[0], data[1]
     folder = args.out / "table3_qa"
     folder.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
                          ).hexdigest()[:12]
     partial = folder / f".{args.config}.{key}.partial.jsonl"  # same config -> resumes
     with Timer() as sw:
-        rows, records = evaluate(cfg, cfg.retriever, passages, questions, answers, lm,
-                                 "replug", not args.no_progress, partial, gold_doc)
-        if cfg.lsr_retriever:
-            lsr_rows, lsr_records = evaluate(cfg, cfg.lsr_retriever, passages, questions,
-                                             answers, lm, "lsr", not args.no_progress,
-                                             partial, gold_doc)
-            rows.update(lsr_rows)
-            records.update(lsr_records)
-        layout_diffs = {}
-        if cfg.compare_layout:  # the same questions in the other layout, paired
-            alt_rows, alt_records = evaluate(
-                dataclasses.replace(cfg, layout=cfg.compare_layout), cfg.retriever, passages,
-                questions, answers, lm, "replug", not args.no_progress, partial, gold_doc)
-            for mode in alt_rows:
-                rows[f"{mode} ({cfg.compare_layout})"] = alt_rows[mode]
-                records[f"{mode} ({cfg.compare_layout})"] = alt_records[mode]
-                layout_diffs[mode] = paired_differences(records[mode], alt_records[mode])
+        rows, records, layout_diffs = evaluate_rows(cfg, data, lm, not args.no_progress,
+                                                    partial)
     n = len(select_questions(cfg, questions))
     differences = (paired_differences(records["replug"], records["replug_lsr"])
                    if "replug" in records and "replug_lsr" in records else {})
@@ -200,31 +235,13 @@ def main(argv=None):
                            "NQ questions with the 624 gold passages as the retrieval corpus")
                + (f" (+ the rest of {cfg.corpus_file})" if cfg.corpus_file else "")
                + f"; {cfg.shots}-shot plain prompts; query = question"}
-
-    def cell(r, key):  # "—" where a mode did not measure it (no generation, no retrieval)
-        value = r.get(key)
-        return "—" if value is None or np.isnan(value) else f"{value:.3f}"
-
-    table = [(mode, *(cell(r, key) for key in ("mean_answer_loglik", "exact_match", "f1",
-                                               "mean_gold_weight", "gold_recall_at_k")),
+    table = [(mode, *(_cell(r, key) for key in ("mean_answer_loglik", "exact_match", "f1",
+                                                "mean_gold_weight", "gold_recall_at_k")),
               r["lm_calls"]) for mode, r in rows.items()]
     out = write_results("table3_qa", args.config, payload, table,
                         ("mode", "mean gold-answer loglik", "EM", "F1", "gold λ",
                          "gold in top-k", "LM rows"),
-                        notes=f"{n} questions ({cfg.dataset}), k={cfg.k}, {cfg.shots}-shot, "
-                              f"LM {cfg.lm}, "
-                              f"retriever {cfg.retriever}"
-                              + (f", LSR retriever {cfg.lsr_retriever}" if cfg.lsr_retriever
-                                 else "") + f", τ = {cfg.temperature}; {sw.seconds:.0f} s."
-                              + "".join(f"\n\nREPLUG LSR − REPLUG, {name}: "
-                                        f"{format_interval(d)} (paired bootstrap 95 %, "
-                                        f"{d['items']} questions)"
-                                        for name, d in differences.items())
-                              + "".join(f"\n\n{cfg.compare_layout} − {cfg.layout}, {mode}, "
-                                        f"{name}: {format_interval(d)} (paired bootstrap 95 %, "
-                                        f"{d['items']} questions)"
-                                        for mode, ds in layout_diffs.items()
-                                        for name, d in ds.items()),
+                        notes=_notes(cfg, n, sw.seconds, differences, layout_diffs),
                         root=args.out, differences=DIFFERENCES)
     fig, ax = new_figure(figsize=(5, 3))
     modes = list(rows)

@@ -71,6 +71,69 @@ def subset_data(base, sweep, folder: pathlib.Path):
     return str(paths["train"]), str(paths["dev"]), str(paths["corpus"])
 
 
+def sweep_base(sweep, root: pathlib.Path):
+    """The LSR config every run of the sweep shares (its data subset under ``root``)."""
+    base, _ = load_config(sweep.base)
+    if sweep.data_dir:
+        folder = pathlib.Path(sweep.data_dir)
+        shots = folder / "demonstrations.jsonl"  # prepare_nq writes it beside the splits
+        base = dataclasses.replace(base, data=str(folder / "train.jsonl"),
+                                   dev_data=str(folder / "dev.jsonl"),
+                                   corpus=str(folder / "corpus.jsonl"),
+                                   qa_demonstrations=str(shots) if shots.exists() else "")
+    train_path, dev_path, corpus_path = subset_data(base, sweep, root / "data")
+    return dataclasses.replace(
+        base, data=train_path, dev_data=dev_path, corpus=corpus_path, k=sweep.k,
+        batch_size=sweep.batch_size, total_steps=sweep.total_steps,
+        refresh_every=sweep.total_steps, checkpoint_every=sweep.total_steps,
+        refresh_mode="sync", learning_rate=sweep.learning_rate, num_devices=1)
+
+
+def train_one(cfg, workdir: pathlib.Path, shared_cache: pathlib.Path, lm, passages, train, dev,
+              progress: bool) -> dict:
+    """One (direction, γ, β) run from the shared start, its LM scores shared with the next
+    run through ``shared_cache``: the summary row of its metrics."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if shared_cache.exists() and not (workdir / "lm_scores.sqlite").exists():
+        shutil.copyfile(shared_cache, workdir / "lm_scores.sqlite")
+    retriever = Retriever.load(cfg.retriever, similarity=cfg.similarity,
+                               max_length=cfg.doc_max_length)
+    trainer = LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=lm, passages=passages,
+                         train=train, dev=dev, progress=progress)
+    result = trainer.run()
+    trainer.cache.close()
+    shutil.copyfile(workdir / "lm_scores.sqlite", shared_cache)
+    log = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    dev_metrics = json.loads((workdir / "dev_metrics.json").read_text())
+    return {"direction": cfg.direction, "gamma": cfg.gamma, "beta": cfg.beta,
+            "loss_first": log[0]["loss"], "loss_last": log[-1]["loss"],
+            "agreement_mean": float(np.mean([r["argmax_agreement"] for r in log])),
+            "entropy_p_r_last": log[-1].get("entropy_retriever"),
+            "dev_initial": dev_metrics.get("initial"), "dev_final": dev_metrics.get("final"),
+            "lm_cache_hits": result["lm_cache_hits"],
+            "lm_cache_misses": result["lm_cache_misses"]}
+
+
+def plot(sweep, runs: list[dict], path: pathlib.Path) -> None:
+    """Each direction's loss decrease over the (γ, β) grid."""
+    dirs = list(sweep.directions)
+    fig, axes = new_figure(len(dirs), figsize=(4.2 * len(dirs), 3.4), squeeze=False)
+    for ax, direction in zip(axes[0], dirs):
+        grid = np.full((len(sweep.gammas), len(sweep.betas)), np.nan)
+        for r in runs:
+            if r["direction"] == direction:
+                grid[sweep.gammas.index(r["gamma"]), sweep.betas.index(r["beta"])] = (
+                    r["loss_first"] - r["loss_last"])
+        im = ax.imshow(grid, cmap="viridis")
+        ax.set_xticks(range(len(sweep.betas)), [str(b) for b in sweep.betas])
+        ax.set_yticks(range(len(sweep.gammas)), [str(g) for g in sweep.gammas])
+        ax.set_xlabel("β (supervision temperature of Q)")
+        ax.set_ylabel("γ (supervision temperature of P_R)")
+        ax.set_title(f"loss decrease, {direction}", fontsize=9)
+        fig.colorbar(im, ax=ax)
+    save_figure(fig, path)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,52 +146,18 @@ def main(argv=None):
     root = pathlib.Path(sweep.workdir) / args.config
     if args.fresh and root.exists():
         shutil.rmtree(root)
-    base, _ = load_config(sweep.base)
-    if sweep.data_dir:
-        folder = pathlib.Path(sweep.data_dir)
-        shots = folder / "demonstrations.jsonl"  # prepare_nq writes it beside the splits
-        base = dataclasses.replace(base, data=str(folder / "train.jsonl"),
-                                   dev_data=str(folder / "dev.jsonl"),
-                                   corpus=str(folder / "corpus.jsonl"),
-                                   qa_demonstrations=str(shots) if shots.exists() else "")
-    train_path, dev_path, corpus_path = subset_data(base, sweep, root / "data")
-    common = dataclasses.replace(
-        base, data=train_path, dev_data=dev_path, corpus=corpus_path, k=sweep.k,
-        batch_size=sweep.batch_size, total_steps=sweep.total_steps,
-        refresh_every=sweep.total_steps, checkpoint_every=sweep.total_steps,
-        refresh_mode="sync", learning_rate=sweep.learning_rate, num_devices=1)
+    common = sweep_base(sweep, root)
     lm = load_lm(common.lm, common.lm_max_context)
     passages = load_passages(common)
     shots = read_demonstrations(common.qa_demonstrations) if common.qa_demonstrations else []
     train, dev = qa_examples(common.data, shots), qa_examples(common.dev_data, shots)
-    runs = []
-    shared_cache = root / "lm_scores.sqlite"
     with Timer() as sw:
-        for direction, gamma, beta in itertools.product(sweep.directions, sweep.gammas,
-                                                        sweep.betas):
-            cfg = dataclasses.replace(common, gamma=gamma, beta=beta, direction=direction)
-            workdir = root / f"{direction}_g{gamma}_b{beta}"
-            workdir.mkdir(parents=True, exist_ok=True)
-            if shared_cache.exists() and not (workdir / "lm_scores.sqlite").exists():
-                shutil.copyfile(shared_cache, workdir / "lm_scores.sqlite")
-            retriever = Retriever.load(cfg.retriever, similarity=cfg.similarity,
-                                       max_length=cfg.doc_max_length)
-            trainer = LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=lm,
-                                 passages=passages, train=train, dev=dev,
-                                 progress=not args.no_progress)
-            result = trainer.run()
-            trainer.cache.close()
-            shutil.copyfile(workdir / "lm_scores.sqlite", shared_cache)
-            log = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-            dev_metrics = json.loads((workdir / "dev_metrics.json").read_text())
-            runs.append({"direction": direction, "gamma": gamma, "beta": beta,
-                         "loss_first": log[0]["loss"], "loss_last": log[-1]["loss"],
-                         "agreement_mean": float(np.mean([r["argmax_agreement"] for r in log])),
-                         "entropy_p_r_last": log[-1].get("entropy_retriever"),
-                         "dev_initial": dev_metrics.get("initial"),
-                         "dev_final": dev_metrics.get("final"),
-                         "lm_cache_hits": result["lm_cache_hits"],
-                         "lm_cache_misses": result["lm_cache_misses"]})
+        runs = [train_one(dataclasses.replace(common, gamma=gamma, beta=beta,
+                                              direction=direction),
+                          root / f"{direction}_g{gamma}_b{beta}", root / "lm_scores.sqlite",
+                          lm, passages, train, dev, not args.no_progress)
+                for direction, gamma, beta in itertools.product(sweep.directions,
+                                                                sweep.gammas, sweep.betas)]
     table = [(r["direction"], r["gamma"], r["beta"], f"{r['loss_first']:.4f}",
               f"{r['loss_last']:.4f}", f"{r['agreement_mean']:.2f}",
               f"{r['dev_final'].get('recall@1', float('nan')):.3f}",
@@ -148,22 +177,7 @@ def main(argv=None):
                f"{initial.get('recall@5', float('nan')):.3f}, top-1 = LM best "
                f"{initial.get('top1_is_lm_best', float('nan')):.3f}; {sw.seconds:.0f} s."),
         root=args.out, differences=DIFFERENCES)
-    dirs = list(sweep.directions)
-    fig, axes = new_figure(len(dirs), figsize=(4.2 * len(dirs), 3.4), squeeze=False)
-    for ax, direction in zip(axes[0], dirs):
-        grid = np.full((len(sweep.gammas), len(sweep.betas)), np.nan)
-        for r in runs:
-            if r["direction"] == direction:
-                grid[sweep.gammas.index(r["gamma"]), sweep.betas.index(r["beta"])] = (
-                    r["loss_first"] - r["loss_last"])
-        im = ax.imshow(grid, cmap="viridis")
-        ax.set_xticks(range(len(sweep.betas)), [str(b) for b in sweep.betas])
-        ax.set_yticks(range(len(sweep.gammas)), [str(g) for g in sweep.gammas])
-        ax.set_xlabel("β (supervision temperature of Q)")
-        ax.set_ylabel("γ (supervision temperature of P_R)")
-        ax.set_title(f"loss decrease, {direction}", fontsize=9)
-        fig.colorbar(im, ax=ax)
-    save_figure(fig, out / f"{args.config}.png")
+    plot(sweep, runs, out / f"{args.config}.png")
 
 
 if __name__ == "__main__":
