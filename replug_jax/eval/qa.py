@@ -134,7 +134,8 @@ class QAEvaluator:
         answers = [list(self.answers[i]) for i in idx]
         prefixes = [prompts[i][0] for i in idx]
         texts = [prompts[i][1] for i in idx]
-        shared = {"prefixes": prefixes} if any(prefixes) else {}  # any pipe takes the paper's layout
+        # the paper's layout (document, then demonstrations) as prefixes: any pipe takes them
+        shared = {"prefixes": prefixes} if any(prefixes) else {}
         recs = [{"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
                 for _ in idx]
         if self.likelihood:
