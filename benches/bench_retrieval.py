@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 
 from benches.common import best_time, write
-from experiments.common import SHARED_DATA
+from experiments.lib.common import SHARED_DATA
 
 
 def nq_passages(limit: int) -> list[str]:

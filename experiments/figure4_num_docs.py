@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from experiments.common import (
+from experiments.lib.common import (
     load_lm,
     new_figure,
     parse_experiment_args,
@@ -29,7 +29,7 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.table1_lm import CONFIGS
-from experiments.data import build_pipe, wikitext_setup
+from experiments.lib.datasets import build_pipe, wikitext_setup
 from replug_jax.core.ensemble import mixture_logprobs, perplexity, retrieval_log_weights
 from replug_jax.eval.perplexity import LMEvaluator
 from replug_jax.eval.stats import bpb_difference, format_interval

@@ -20,7 +20,7 @@ import pathlib
 
 import numpy as np
 
-from experiments.common import (
+from experiments.lib.common import (
     load_lm,
     new_figure,
     parse_experiment_args,

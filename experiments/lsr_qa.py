@@ -1,10 +1,10 @@
 """REPLUG LSR on QA, cross-fitted: a retriever the LM taught, tested on questions it never
 trained on (pre-registration in ``experiments/configs/lsr_qa.py``; questions, folds and
-datastore in :mod:`experiments.lsr_qa_data`).
+datastore in :mod:`experiments.lib.lsr_qa_data`).
 
 1. **Datastore**: SQuAD: every SQuAD paragraph (train and the dev articles here); NQ: the 624
    gold passages; plus enwiki passages as distractors, searched exactly as one index
-   (:class:`experiments.squad.MergedDatastore`, built in the work folder).
+   (:class:`experiments.lib.squad.MergedDatastore`, built in the work folder).
 2. **Pools**: each question's top-``pool_size`` passages by the base retriever, scored once
    by the frozen LM (``log p(answer | d ∘ question)`` per token; document KV reuse shares each
    paragraph across the questions that retrieve it; resumable part by part).
@@ -21,7 +21,7 @@ datastore in :mod:`experiments.lsr_qa_data`).
 
 ``--config confirm`` is the registered confirmatory test of the variant ``default``'s results
 pointed to, on questions of SQuAD train articles no split held (reusing ``default``'s pools
-and trained variant). ``python -m experiments.lsr_qa_report --config NAME`` rewrites a
+and trained variant). ``python -m experiments.lib.lsr_qa_report --config NAME`` rewrites a
 finished run's report from its JSON.
 
 Usage: ``python -m experiments.lsr_qa [--config default|confirm|confirm_recall|nq|tiny]
@@ -37,10 +37,10 @@ import pathlib
 
 import numpy as np
 
-from experiments import lm_datastore
-from experiments.common import load_lm, parse_experiment_args, provenance, run
+from experiments.lib import lm_datastore
+from experiments.lib.common import load_lm, parse_experiment_args, provenance, run
 from experiments.configs.lsr_qa import CONFIGS, PRIMARY_ENDPOINT, RECALL_ENDPOINT
-from experiments.lsr_common import (
+from experiments.lib.lsr_common import (
     label,
     min_detectable,
     save_params,
@@ -48,8 +48,8 @@ from experiments.lsr_common import (
     trained_with,
     variants,
 )
-from experiments.lsr_qa_data import SPLITS, examples_of, nq_transfer, open_study
-from experiments.lsr_qa_report import chosen_name, release, write_report
+from experiments.lib.lsr_qa_data import SPLITS, examples_of, nq_transfer, open_study
+from experiments.lib.lsr_qa_report import chosen_name, release, write_report
 from replug_jax.core.ensemble import retrieval_log_weights
 from replug_jax.eval.qa import exact_match, f1_score, first_line
 from replug_jax.eval.stats import paired_bootstrap

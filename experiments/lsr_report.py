@@ -15,7 +15,7 @@ import pathlib
 
 import numpy as np
 
-from experiments.common import RESULTS, new_figure, provenance, run, save_figure, write_results
+from experiments.lib.common import RESULTS, new_figure, provenance, run, save_figure, write_results
 
 DIFFERENCES_LM = (
     "The paper trains Contriever from GPT-3 Curie likelihoods on 800K Pile sequences (x = 128 "

@@ -29,8 +29,8 @@ import pathlib
 
 import numpy as np
 
-from experiments import lm_datastore
-from experiments.common import (
+from experiments.lib import lm_datastore
+from experiments.lib.common import (
     load_lm,
     new_figure,
     parse_experiment_args,
@@ -40,7 +40,7 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.lsr_study import CONFIGS
-from experiments.lsr_common import (
+from experiments.lib.lsr_common import (
     label,
     min_detectable,
     pool_reusing,

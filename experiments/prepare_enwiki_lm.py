@@ -20,7 +20,7 @@ import pathlib
 
 import numpy as np
 
-from experiments.common import require_data
+from experiments.lib.common import require_data
 from replug_jax.eval.perplexity import split_wikitext
 from replug_jax.fileio import write_json_atomic, write_jsonl_atomic
 from replug_jax.retrieval.corpus import iter_documents
@@ -67,6 +67,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from experiments.common import run
+    from experiments.lib.common import run
 
     run(main)

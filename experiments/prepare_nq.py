@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-from experiments.data import load_nq
+from experiments.lib.datasets import load_nq
 from replug_jax.fileio import write_text_atomic
 
 
@@ -61,6 +61,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from experiments.common import run
+    from experiments.lib.common import run
 
     run(main)

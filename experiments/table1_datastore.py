@@ -2,7 +2,7 @@
 passages, and the format control (``python -m experiments.table1_lm`` and
 ``python -m experiments.figure4_num_docs`` with the ``default`` config run this).
 
-Rows, each a function of the cached branch log-probs (``experiments/lm_datastore.py``): the LM
+Rows, each a function of the cached branch log-probs (``experiments/lib/lm_datastore.py``): the LM
 alone; REPLUG with the top-k (k = 1…K; τ = 1 as the paper, and τ cross-fitted over article
 folds); top-1; k random datastore passages; the concatenation of the top-k; and, for the format
 control, REPLUG and random passages from the other WikiText test articles (same format as the
@@ -16,8 +16,8 @@ import dataclasses
 
 import numpy as np
 
-from experiments import lm_datastore
-from experiments.common import load_lm, new_figure, provenance, save_figure, write_results
+from experiments.lib import lm_datastore
+from experiments.lib.common import load_lm, new_figure, provenance, save_figure, write_results
 from replug_jax.eval.stats import bpb_difference, format_interval
 from replug_jax.timing import Timer
 

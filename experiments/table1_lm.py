@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.common import (
+from experiments.lib.common import (
     load_lm,
     new_figure,
     parse_experiment_args,
@@ -28,7 +28,7 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.table1_lm import CONFIGS
-from experiments.data import build_pipe, wikitext_setup
+from experiments.lib.datasets import build_pipe, wikitext_setup
 from replug_jax.eval.perplexity import LMEvaluator
 from replug_jax.eval.stats import bpb_difference, format_interval
 from replug_jax.timing import Timer

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.common import (
+from experiments.lib.common import (
     load_lm,
     load_retriever,
     new_figure,
@@ -24,7 +24,7 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.table2_mmlu import CONFIGS
-from experiments.data import wikipedia_passages
+from experiments.lib.datasets import wikipedia_passages
 from replug_jax.eval.mmlu import CATEGORIES, MMLUEvaluator, load_mmlu
 from replug_jax.replug import Replug
 from replug_jax.retrieval.index import index_in_memory

@@ -21,7 +21,7 @@ import json
 
 import numpy as np
 
-from experiments.common import (
+from experiments.lib.common import (
     load_lm,
     load_retriever,
     new_figure,
@@ -32,7 +32,7 @@ from experiments.common import (
     write_results,
 )
 from experiments.configs.table3_qa import CONFIGS
-from experiments.data import load_nq, load_nq_open
+from experiments.lib.datasets import load_nq, load_nq_open
 from replug_jax.eval.qa import QAEvaluator
 from replug_jax.eval.stats import format_interval, paired_bootstrap
 from replug_jax.replug import Replug

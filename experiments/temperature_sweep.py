@@ -21,7 +21,7 @@ import shutil
 
 import numpy as np
 
-from experiments.common import (
+from experiments.lib.common import (
     add_standard_args,
     load_lm,
     new_figure,

@@ -110,7 +110,7 @@ def shared(tmp_path_factory):
 
 @pytest.fixture()
 def data(shared, monkeypatch):
-    import experiments.common as common
+    import experiments.lib.common as common
 
     monkeypatch.setattr(common, "SHARED_DATA", shared)
     return shared
@@ -220,7 +220,8 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     """The real-datastore setting end to end on a few enwiki articles: every row, per-window
     values with article ids, the leakage rate, the format control; Figure 4 from the same
     cached scores (no LM call the second time)."""
-    from experiments import figure4_num_docs, lm_datastore, table1_lm
+    from experiments import figure4_num_docs, table1_lm
+    from experiments.lib import lm_datastore
 
     common = ["--config", "tiny_enwiki", "--out", str(tmp_path), "--no-progress",
               "--set", f"cache={tmp_path / 'cache'}"]
@@ -253,7 +254,7 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
 def test_sample_questions_spread_over_articles_and_grouped_by_article():
     """Every article counts (rounds over the articles) and the sample comes grouped by
     article, so a pool's parts hold few articles (document KV reuse within a part)."""
-    from experiments.squad import Question, sample_questions
+    from experiments.lib.squad import Question, sample_questions
 
     qs = [Question(f"{a}{i}", f"q {a}{i}", ("x",), a, 0) for a in "cab" for i in range(5)]
     got = sample_questions(qs, 7, seed=0)
@@ -301,7 +302,7 @@ def test_lsr_qa_confirmatory_test_on_fresh_articles_reuses_the_trained_study(dat
     top-k (no test oracle then)."""
     from experiments import lsr_qa
     from experiments.configs.lsr_qa import CONFIGS
-    from experiments.lsr_qa_data import open_study
+    from experiments.lib.lsr_qa_data import open_study
     from replug_jax.retrieval.encoder import Retriever
 
     work, out = tmp_path / "work", tmp_path / "out"
@@ -362,7 +363,7 @@ def test_lsr_qa_nq_folds_test_every_question_once_by_retrievers_never_trained_on
     every question is tested exactly once; the results hold all of them, per fold."""
     from experiments import lsr_qa
     from experiments.configs.lsr_qa import CONFIGS
-    from experiments.lsr_qa_data import open_study
+    from experiments.lib.lsr_qa_data import open_study
     from replug_jax.retrieval.encoder import Retriever
 
     cfg = dataclasses.replace(CONFIGS["tiny_nq"], workdir=str(tmp_path / "work"))
@@ -442,7 +443,7 @@ def test_repeated_set_flags_accumulate():
     """`--set a=1 --set b=2` keeps both (argparse's default would keep only the last)."""
     import argparse
 
-    from experiments.common import add_standard_args
+    from experiments.lib.common import add_standard_args
     from experiments.configs.table1_lm import CONFIGS
     from replug_jax.cli import build_parser
 

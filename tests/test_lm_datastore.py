@@ -1,4 +1,4 @@
-"""The real-datastore language-modelling experiment's pieces (experiments/lm_datastore.py):
+"""The real-datastore language-modelling experiment's pieces (experiments/lib/lm_datastore.py):
 mixtures rebuilt from cached branch log-probs against a hand computation, window selection in
 rounds over articles, the n-gram leakage check, the cross-fitted τ."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments import lm_datastore
+from experiments.lib import lm_datastore
 from replug_jax.eval.perplexity import WindowSettings
 from replug_jax.retrieval.corpus import Document, Passage
 

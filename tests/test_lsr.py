@@ -483,7 +483,7 @@ def test_queries_keep_their_last_tokens_in_training_and_retrieval():
 def test_one_config_loader_for_training_and_experiments(tmp_path):
     """train-lsr and the experiment scripts share file.py:variant, --set with typed coercion
     and one error type."""
-    from experiments.common import pick_config
+    from experiments.lib.common import pick_config
     from experiments.configs.table1_lm import CONFIGS
     from replug_jax.config import ConfigError
 

@@ -263,7 +263,7 @@ def test_oracle_and_shuffled_q_diagnostics(tiny, tmp_path):
 def test_a_pool_of_other_candidates_reuses_the_pairs_already_scored(tiny, tmp_path, monkeypatch):
     """The end-to-end test's pool (another retriever's top-k) takes the pairs the test pool
     holds from it and scores only the others: the same log-probs as scoring all of them."""
-    from experiments.lsr_common import pool_reusing
+    from experiments.lib.lsr_common import pool_reusing
 
     lm, _ = tiny
     pool, passages = _pool(tiny, tmp_path / "pool")
@@ -299,7 +299,7 @@ def test_a_saved_run_is_reused_when_trained_alike_whatever_json_made_of_it():
     import dataclasses
     import json
 
-    from experiments.lsr_common import trained_with
+    from experiments.lib.lsr_common import trained_with
     from replug_jax.train.pool import PoolTrainConfig
 
     v = PoolTrainConfig(objective="kl_retriever_to_lm", gamma=1.0, beta=1.0)

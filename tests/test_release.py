@@ -87,7 +87,7 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     with the numbers and the SHA-256 of both weight files."""
     import hashlib
 
-    from experiments import lsr_qa_report
+    from experiments.lib import lsr_qa_report
     from experiments.configs.lsr_qa import CONFIGS
     from replug_jax.models.params import split_params
     from replug_jax.retrieval.encoder import Retriever

@@ -1,7 +1,7 @@
 """Table 1 (language modelling, bits per byte) and Figure 4 (perplexity vs number of documents).
 
 ``default``: WikiText-103 test (all 60 articles, 256 windows, x = y = 128 tokens) against the
-enwiki-sample datastore (221k passages of 100 words; ``experiments/lm_datastore.py``), with the
+enwiki-sample datastore (221k passages of 100 words; ``experiments/lib/lm_datastore.py``), with the
 WikiText test articles as the format-control datastore. ``wikitext2_datastore``: the earlier
 setting, a small in-domain datastore (WikiText-2 test articles retrieving from the others)."""
 
@@ -29,7 +29,7 @@ class LMConfig:
     max_context: int = 1024
     batch_size: int = 2  # windows scored together (each with k branches)
     seed: int = 0
-    # -- the real-datastore setting (experiments/lm_datastore.py) --------------------------
+    # -- the real-datastore setting (experiments/lib/lm_datastore.py) --------------------------
     # "wikitext2": the evaluated text's own other articles (the earlier setting); otherwise an
     # index directory from `replug index build`, or enwiki:N (first N enwiki articles, in memory)
     datastore: str = "wikitext2"

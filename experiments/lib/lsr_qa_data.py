@@ -28,7 +28,7 @@ import pathlib
 
 import numpy as np
 
-from experiments import lm_datastore, squad
+from experiments.lib import lm_datastore, squad
 from replug_jax.prompts import qa_prompt
 from replug_jax.train.data import Example
 
@@ -109,7 +109,7 @@ def _squad(cfg, retriever, work, distractors, progress) -> Study:
 
 
 def _nq(cfg, retriever, work, distractors, progress) -> Study:
-    from experiments.data import load_nq
+    from experiments.lib.datasets import load_nq
 
     passages, questions, answers = load_nq()
     qs = [squad.Question(f"nq{i}", q, tuple(a), f"nq{i}", i)
@@ -140,7 +140,7 @@ def nq_transfer(cfg, retriever, params, work, progress, base: str = "base") -> d
     """The chosen retriever against its base on the NQ questions with gold passages (their
     624 passages plus the study's distractors, searched exactly): recall@k of the gold
     passage and the paired difference, 95 % interval over questions. No LM cost."""
-    from experiments.data import load_nq
+    from experiments.lib.datasets import load_nq
     from replug_jax.eval.stats import paired_bootstrap
 
     passages, questions, _ = load_nq()

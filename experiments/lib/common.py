@@ -16,7 +16,8 @@ import sys
 from replug_jax import config
 from replug_jax.fileio import write_text_atomic
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXPERIMENTS = ROOT / "experiments"
 RESULTS = ROOT / "experiments" / "results"
 SHARED_DATA = pathlib.Path(os.environ.get("REPLUG_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
@@ -41,9 +42,10 @@ def provenance() -> dict:
 
 def command_line() -> str:
     """The command that reproduces this run (``python -m experiments.<name> ...``)."""
-    script = pathlib.Path(sys.argv[0])
-    if script.parent.resolve() == pathlib.Path(__file__).resolve().parent:
-        head = ["python", "-m", f"experiments.{script.stem}"]
+    script = pathlib.Path(sys.argv[0]).resolve()
+    if script.parent in (EXPERIMENTS, EXPERIMENTS / "lib"):
+        package = ".".join(script.parent.relative_to(ROOT).parts)
+        head = ["python", "-m", f"{package}.{script.stem}"]
     else:
         head = ["python", sys.argv[0]]
     return shlex.join(head + sys.argv[1:])

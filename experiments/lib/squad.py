@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from experiments.common import require_data
+from experiments.lib.common import require_data
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.search import SearchResult
 

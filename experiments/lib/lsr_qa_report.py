@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pathlib
 
-from experiments.common import new_figure, save_figure, write_results
+from experiments.lib.common import new_figure, save_figure, write_results
 from experiments.configs.lsr_qa import PRIMARY_ENDPOINT
-from experiments.lsr_common import write_release
+from experiments.lib.lsr_common import write_release
 from replug_jax.eval.stats import format_interval
 
 
@@ -208,11 +208,11 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
 
 def main(argv=None):
     """Rewrite a finished run's README, table and plot from its JSON (no LM, no retrieval):
-    ``python -m experiments.lsr_qa_report [--config default|nq] [--out RESULTS]``."""
+    ``python -m experiments.lib.lsr_qa_report [--config default|nq] [--out RESULTS]``."""
     import argparse
     import json
 
-    from experiments.common import RESULTS
+    from experiments.lib.common import RESULTS
     from experiments.configs.lsr_qa import QAStudyConfig
 
     ap = argparse.ArgumentParser(description=main.__doc__)
@@ -231,6 +231,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from experiments.common import run
+    from experiments.lib.common import run
 
     run(main)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from experiments.common import load_retriever, require_data
+from experiments.lib.common import load_retriever, require_data
 from replug_jax.eval.perplexity import WindowSettings, split_wikitext
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, chunk_documents

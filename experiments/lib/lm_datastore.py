@@ -33,7 +33,7 @@ import re
 
 import numpy as np
 
-from experiments.common import ROOT, load_retriever, require_data
+from experiments.lib.common import ROOT, load_retriever, require_data
 from replug_jax.core.ensemble import mixture_logprobs, retrieval_log_weights
 from replug_jax.eval.perplexity import WindowSettings, sliding_windows, split_wikitext
 from replug_jax.fileio import write_text_atomic
@@ -339,7 +339,7 @@ def main(argv=None):
     experiments.table1_lm`` then reads them and scores the rest."""
     import argparse
 
-    from experiments.common import add_standard_args, load_lm, pick_config, run
+    from experiments.lib.common import add_standard_args, load_lm, pick_config, run
     from experiments.configs.table1_lm import CONFIGS
 
     ap = argparse.ArgumentParser(description=main.__doc__)
