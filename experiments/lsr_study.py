@@ -132,7 +132,7 @@ class Study:
     provenance: dict  # what every pool's LM scores depend on
     progress: bool = True
     frozen: dict = dataclasses.field(default_factory=dict)  # towers=query: base embeddings
-    # filled by splits_with_pools: per split the pool, the base's REPLUG log-likelihoods and
+    # filled by build_pools: per split the pool, the base's REPLUG log-likelihoods and
     # bytes (dev, test), each example's article and the bootstrap's settings
     pools: dict = dataclasses.field(default_factory=dict)
     base_ll: dict = dataclasses.field(default_factory=dict)
@@ -140,7 +140,7 @@ class Study:
     articles: dict = dataclasses.field(default_factory=dict)
     kw: dict = dataclasses.field(default_factory=dict)
 
-    def splits_with_pools(self) -> None:
+    def build_pools(self) -> None:
         """The base retriever's top-``pool_size`` of every example, scored by the LM once."""
         cfg = self.cfg
         paths = {"train": cfg.train_data, "dev": cfg.dev_data, "test": cfg.test_data}
@@ -294,9 +294,9 @@ def end_to_end(study: Study, params, chosen: str):
     return full, full_ll, alone
 
 
-def end_to_end_rows(study: Study, full_ll, alone) -> dict:
+def end_to_end_rows(study: Study, full_ll, alone) -> tuple[dict, bool]:
     """LM alone, base and LSR bits per byte on test, the paired differences, the smallest
-    detectable effect and the release rule's verdict."""
+    detectable effect and the release rule's verdict; and whether the rule passes."""
     base, nbytes, kw = study.base_ll["test"], study.bytes_["test"], study.kw["test"]
     e2e = {"lm_alone_bpb": bits_per_byte(alone, nbytes),
            "base_bpb": bits_per_byte(base, nbytes),
@@ -307,7 +307,7 @@ def end_to_end_rows(study: Study, full_ll, alone) -> dict:
     passes = release_passes(e2e["lsr_vs_base"], higher_is_better=False)  # bits/byte
     e2e["release_rule"] = ("passes: better than the base with an interval excluding zero"
                            if passes else "fails: not better than its base")
-    return e2e
+    return e2e, passes
 
 
 def notes(study: Study, payload: dict, full, chosen: str) -> str:
@@ -350,7 +350,7 @@ def main(argv=None):
     (work / "runs").mkdir(parents=True, exist_ok=True)
     with Timer() as sw:
         study = open_study(cfg, work, tag, not args.no_progress)
-        study.splits_with_pools()
+        study.build_pools()
         diagnostics = headroom(study.pools, study.base_ll, study.bytes_, cfg, study.kw)
         if not diagnostics["headroom"]:
             print(f"lsr_study: {diagnostics['verdict']}", flush=True)
@@ -363,7 +363,7 @@ def main(argv=None):
         if tag:
             results[chosen]["test"] = study.within_pool(params, "test")
         full, full_ll, alone = end_to_end(study, params, chosen)
-    e2e = end_to_end_rows(study, full_ll, alone)
+    e2e, passes = end_to_end_rows(study, full_ll, alone)
     pools, examples, base_ll, bytes_ = study.pools, study.examples, study.base_ll, study.bytes_
     pairs = sum(p.provenance["pairs"] for p in pools.values()) + full.provenance["pairs"]
     rates = [p.provenance.get("pairs_per_second") for p in (*pools.values(), full)]
@@ -396,7 +396,7 @@ def main(argv=None):
                       f"{test['bpb']:.4f}" if test else "—",
                       format_interval(r["dev"]["vs_base"], 4),
                       format_interval(test["vs_base"], 4) if test else "—"))
-    if e2e["release_rule"].startswith("passes") and cfg.release:
+    if passes and cfg.release:
         release(study.retriever, params, cfg, chosen, payload, len(study.passages))
     out = write_results("lsr_study", args.config, payload, table,
                         ("variant", "steps run", "best step", "dev BPB", "test BPB",

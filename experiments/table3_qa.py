@@ -184,7 +184,8 @@ def evaluate_rows(cfg, data, lm, progress: bool, partial):
 
 
 def _cell(r: dict, key: str) -> str:
-    """"—" where a mode did not measure it (no generation, no retrieval)."""
+    """The value to 3 decimals, or a dash where a mode did not measure it (no generation,
+    no retrieval)."""
     value = r.get(key)
     return "—" if value is None or np.isnan(value) else f"{value:.3f}"
 
