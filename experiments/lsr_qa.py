@@ -54,6 +54,7 @@ from replug_jax.core.ensemble import retrieval_log_weights
 from replug_jax.eval.qa import exact_match, f1_score, first_line
 from replug_jax.eval.stats import paired_bootstrap
 from replug_jax.fileio import write_json_atomic
+from replug_jax.lm.score_store import ScoreStore, scorer_identity
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.timing import Timer
 from replug_jax.train.pool import (
@@ -91,7 +92,7 @@ def pool_scores(retriever, params, pool, examples, by_id, frozen: dict) -> np.nd
 
 
 def pair_logprobs(results: dict, examples, pool, lm, by_id, work, k: int, progress,
-                  part_size: int = 32) -> dict:
+                  part_size: int = 32, store=None) -> dict:
     """``{(question, passage id): log-probs}`` for every pair of the test pool and every pair
     in some retriever's top-``k`` (``results``: name → retrieval): those the pool lacks (their
     union over retrievers) are scored once, resumably, into ``work/extra_test_<digest>``."""
@@ -109,7 +110,7 @@ def pair_logprobs(results: dict, examples, pool, lm, by_id, work, k: int, progre
     digest = hashlib.sha256(cand.tobytes()).hexdigest()[:10]
     lp_EMT, _, _ = score_pairs(examples, cand, by_id, lm, work / f"extra_test_{digest}",
                                {"retrieved_by": sorted(results)}, part_size=part_size,
-                               progress=progress)
+                               progress=progress, store=store)
     logprobs.update({(i, pid): lp_EMT[i, j] for i, m in enumerate(missing)
                      for j, pid in enumerate(m)})
     return logprobs
@@ -164,9 +165,10 @@ def compare(a, b, articles, cfg) -> dict:
                             resamples=cfg.bootstrap_resamples, seed=cfg.seed)
 
 
-def score_pools(study, examples, lm, retriever, cfg, work, progress):
+def score_pools(study, examples, lm, retriever, cfg, work, progress, store=None):
     """Each pool set's pools (its questions' top-``pool_size`` by the base retriever, scored
-    once by the LM), the base retrieval and the passages by id."""
+    once by the LM, through the content-keyed ``store``), the base retrieval and the passages
+    by id."""
     by_id, pools, base_res = {}, {}, {}
     roles = [(n, s == "test") for f in study.folds for s, (n, _) in f.items()]
     test_only = {n for n, t in roles if t} - {n for n, t in roles if not t}
@@ -181,7 +183,7 @@ def score_pools(study, examples, lm, retriever, cfg, work, progress):
                                         "split": name, "examples": [e.id for e in examples[name]],
                                         "distractors": cfg.distractors,
                                         "datastore": len(study.store), "pool_size": m},
-            part_size=cfg.part_size, progress=progress)
+            part_size=cfg.part_size, progress=progress, store=store)
     return pools, base_res, by_id
 
 
@@ -210,7 +212,7 @@ def train_variants(cfg, retriever, pools, examples, by_id, frozen, run_dir, prog
 
 
 def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by_id, frozen,
-             work, progress) -> dict:
+             work, progress, store=None) -> dict:
     """Train and test one fold: per retriever, τ fitted on dev, the end-to-end test
     log-likelihoods, gold-paragraph hits and (base and chosen) greedy answers."""
     split = study.folds[f]
@@ -265,7 +267,7 @@ def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by
                 r: (wide.ids[:, :r] == every_gold[:, None]).any(1).astype(float)
                 for r in cfg.recall_ks}
     logprobs = pair_logprobs(results, examples["test"], pools["test"], lm, by_id, work, cfg.k,
-                             progress, cfg.part_size)
+                             progress, cfg.part_size, store)
     length = pools["test"].branches.token_mask_NT.sum(1)
     for name, res in results.items():
         out["ll"][name] = end_to_end(res, logprobs, length, out["tau"][name], cfg.k)
@@ -287,6 +289,11 @@ def _stage_arg(ap) -> None:
     ap.add_argument("--stage", choices=("pools", "all"), default="all",
                     help="pools: build the datastore and score every pool (resumable), then "
                          "stop before any training; all: the whole study")
+    ap.add_argument("--score-store", type=pathlib.Path, default=None, metavar="DIR",
+                    help="the content-keyed store of the LM's pair scores (default: "
+                         "lm_scores in the work folder): pairs found there are not scored "
+                         "again, whatever pool or run asks for them; a folder that can be "
+                         "copied or committed part by part to carry a study across machines")
 
 
 def main(argv=None):
@@ -305,8 +312,9 @@ def main(argv=None):
         retriever = Retriever.load(cfg.retriever)
         study = open_study(cfg, retriever, lm, work, progress)
         examples = {n: examples_of(qs) for n, qs in study.pool_sets.items()}
+        store = ScoreStore(args.score_store or work / "lm_scores", scorer_identity(lm))
         pools, base_res, by_id = score_pools(study, examples, lm, retriever, cfg, work,
-                                             progress)
+                                             progress, store)
         if args.stage == "pools":
             for name, pool in pools.items():
                 print(f"pool {name}: {len(pool)} questions, {pool.provenance['pairs']} pairs "
@@ -315,7 +323,7 @@ def main(argv=None):
         frozen: dict = {}  # base embeddings of the pool passages, encoded once
         single = len(study.folds) == 1
         folds = [run_fold(f, study, cfg, lm, retriever, pools, examples, base_res, by_id,
-                          frozen, work if single else work / f"fold{f}", progress)
+                          frozen, work if single else work / f"fold{f}", progress, store)
                  for f in range(len(study.folds))]
     payload, rows, chosen = summarize(folds, cfg, study)
     if getattr(cfg, "transfer_nq", False) and len(folds) == 1:  # reported, not gated

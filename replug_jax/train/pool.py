@@ -106,13 +106,14 @@ class ScoredPool:
 def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
                base_scores_EM: np.ndarray, passages_by_id: dict, scorer,
                directory: str | pathlib.Path, provenance: dict, *, separator: str = "\n\n",
-               part_size: int = 32, progress: bool = True) -> ScoredPool:
-    """Score every (example, candidate) pair once (:func:`score_pairs`) and save the pool in
-    ``directory``; every example needs a candidate. Returns the pool, with ``provenance``
-    extended by the pairs/s measured."""
+               part_size: int = 32, progress: bool = True, store=None) -> ScoredPool:
+    """Score every (example, candidate) pair once (:func:`score_pairs`; pairs already in the
+    content-keyed ``store`` are taken from it) and save the pool in ``directory``; every
+    example needs a candidate. Returns the pool, with ``provenance`` extended by the pairs/s
+    measured."""
     lp_EMT, n_tok_E, provenance = score_pairs(
         examples, candidates_EM, passages_by_id, scorer, directory, provenance,
-        separator=separator, part_size=part_size, progress=progress)
+        separator=separator, part_size=part_size, progress=progress, store=store)
     token_mask = np.arange(lp_EMT.shape[-1])[None, :] < n_tok_E[:, None]
     candidates_EM = np.asarray(candidates_EM, np.int64)
     branches = BranchCache(lp_EMT, np.asarray(base_scores_EM, np.float32), candidates_EM >= 0,

@@ -13,14 +13,15 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax.fileio import atomic_path, write_json_atomic
+from replug_jax.lm.score_store import ScoreStore, pair_key
 from replug_jax.train.data import Example
 from replug_jax.train.supervision import branch_prompts
 
 
 def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages_by_id: dict,
                 scorer, directory: str | pathlib.Path, provenance: dict, *,
-                separator: str = "\n\n", part_size: int = 32, progress: bool = True
-                ) -> tuple[np.ndarray, np.ndarray, dict]:
+                separator: str = "\n\n", part_size: int = 32, progress: bool = True,
+                store: ScoreStore | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """``(log-probs [E, M, T], target tokens [E], provenance)`` of every (example, candidate)
     pair (candidates ``-1``: none; an example may have none), scored once.
 
@@ -29,6 +30,9 @@ def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages
     first missing part; a folder holding parts of another build (``provenance`` or the
     candidates differ) is refused. The provenance returned adds the pairs/s measured, from
     the scoring time each part keeps (so a resumed or reloaded build still states it).
+    With a ``store`` (:class:`~replug_jax.lm.score_store.ScoreStore`, keyed by the pairs'
+    text), a part's pairs already in it are not scored again, and those scored are added:
+    pools of other candidates, splits or runs share their pairs through it.
     """
     from tqdm.auto import tqdm
 
@@ -58,19 +62,18 @@ def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages
         if path.exists() and _part_readable(path, hi - lo, m):
             bar.update(len(pairs))
             continue
-        t0 = time.perf_counter()
         exs = [examples[i] for i, _ in pairs]
         prompts = branch_prompts(exs, [passages_by_id[int(candidates_EM[i, j])]
                                        for i, j in pairs], scorer, separator)
-        results = scorer.score_continuations(prompts, [ex.continuation for ex in exs])
-        t = max((len(r.logprobs) for r in results), default=1)
+        rows, seconds_part = _score(prompts, [ex.continuation for ex in exs], scorer, store)
+        t = max((len(r) for r in rows), default=1)
         lp = np.zeros((hi - lo, m, t), np.float32)
         n_tok = np.zeros(hi - lo, np.int64)
-        for (i, j), r in zip(pairs, results):
-            lp[i - lo, j, :len(r.logprobs)] = r.logprobs
-            n_tok[i - lo] = len(r.logprobs)
+        for (i, j), r in zip(pairs, rows):
+            lp[i - lo, j, :len(r)] = r
+            n_tok[i - lo] = len(r)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:  # its time: the rate survives
-            np.savez(f, logprobs=lp, tokens=n_tok, seconds=time.perf_counter() - t0)
+            np.savez(f, logprobs=lp, tokens=n_tok, seconds=seconds_part)
         bar.update(len(pairs))
     bar.close()
     t_max = 0
@@ -89,6 +92,23 @@ def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages
     if scored:
         measured.update(pairs_timed=scored, pairs_per_second=round(scored / seconds, 3))
     return lp_EMT, n_tok_E, {**provenance, **measured}
+
+
+def _score(prompts: list[str], continuations: list[str], scorer, store: ScoreStore | None
+           ) -> tuple[list[np.ndarray], float]:
+    """Per pair its log-probs, and the seconds they cost: the LM's call for the pairs the
+    ``store`` lacks, plus the stored pairs' shares of the calls that scored them."""
+    keys = [pair_key(p, c) for p, c in zip(prompts, continuations)]
+    todo = [n for n, key in enumerate(keys) if store is None or key not in store]
+    t0 = time.perf_counter()
+    results = scorer.score_continuations([prompts[n] for n in todo],
+                                         [continuations[n] for n in todo]) if todo else []
+    seconds = time.perf_counter() - t0
+    fresh = {n: np.asarray(r.logprobs, np.float32) for n, r in zip(todo, results)}
+    if store is not None:
+        store.add([keys[n] for n in todo], [fresh[n] for n in todo], seconds)
+        seconds += sum(store.get(key)[1] for n, key in enumerate(keys) if n not in fresh)
+    return [fresh[n] if n in fresh else store.get(key)[0] for n, key in enumerate(keys)], seconds
 
 
 def _part_readable(path: pathlib.Path, rows: int, m: int) -> bool:
