@@ -2,7 +2,8 @@
 20) for retrieved documents and for random ones (the paper's §7.1 control).
 
 The ``default`` config plots bits per byte for k = 1…10 on WikiText-103 test against the enwiki
-datastore from Table 1's cached scores (``experiments/table1_datastore.py``); the description
+datastore from Table 1's cached scores (:func:`figure4_datastore`, helpers in
+``experiments/table1_lm.py``); the description
 below is the earlier ``wikitext2_datastore`` setting.
 
 Each window is scored once with the top-``max(ks)`` retrieved documents and once with
@@ -29,7 +30,16 @@ from experiments.lib.common import (
     write_results,
 )
 from experiments.configs.table1_lm import CONFIGS
+from experiments.lib import lm_datastore
 from experiments.lib.datasets import build_pipe, wikitext_setup
+from experiments.table1_lm import (
+    DATASTORE_DIFFERENCES,
+    article_clusters,
+    fmt_level,
+    header_notes,
+    level,
+    scored_windows,
+)
 from replug_jax.core.ensemble import mixture_logprobs, perplexity, retrieval_log_weights
 from replug_jax.eval.perplexity import LMEvaluator
 from replug_jax.eval.stats import bpb_difference, format_interval
@@ -57,7 +67,6 @@ def logliks_by_k(results, ks) -> dict[int, list[float]]:
 def main(argv=None):
     args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
     if cfg.datastore != "wikitext2":
-        from experiments.table1_datastore import figure4_datastore
 
         return figure4_datastore(args, cfg)
     ks = sorted(set(cfg.ks))
@@ -110,6 +119,66 @@ def main(argv=None):
     ax.set_xlabel("number of ensembled documents k")
     ax.set_ylabel("perplexity")
     ax.legend()
+    save_figure(fig, out / f"{args.config}.png")
+
+
+
+def figure4_datastore(args, cfg):
+    """Figure 4: bits per byte against k for retrieved (τ = 1 and cross-fitted τ) and random
+    passages, from the same cached scores as Table 1."""
+    ks = sorted(k for k in set(cfg.ks) if k <= cfg.k)
+    with Timer() as sw:
+        st, scored = scored_windows(cfg, args, ("none", "replug", "random"))
+    ll = lm_datastore.window_logliks
+    nbytes = scored["none"]["bytes"].astype(np.float64)
+    kw = {"clusters": article_clusters(st.article_of), "seed": cfg.seed}
+    alone = ll(scored["none"])
+    curves, versus, taus = {}, {}, {}
+    for k in ks:
+        sub = dict(scored["replug"], branches=np.minimum(scored["replug"]["branches"], k))
+        tau_N, taus[k] = lm_datastore.fitted_tau(sub, st.article_of, cfg.tau_grid,
+                                                 cfg.tau_folds, cfg.seed)
+        for name, v in (("retrieved, τ=1", ll(scored["replug"], k=k)),
+                        ("retrieved, τ cross-fitted", ll(sub, tau=tau_N)),
+                        ("random", ll(scored["random"], k=k))):
+            curves.setdefault(name, {})[k] = level(v, nbytes, kw["clusters"], cfg.seed)
+            versus.setdefault(name, {})[k] = bpb_difference(v, alone, nbytes, **kw)
+        versus.setdefault("retrieved − random", {})[k] = bpb_difference(
+            ll(scored["replug"], k=k), ll(scored["random"], k=k), nbytes, **kw)
+    level_alone = level(alone, nbytes, kw["clusters"], cfg.seed)
+    table = [(k, *(fmt_level(curves[n][k]) for n in curves),
+              *(format_interval(versus[n][k], 4) for n in versus)) for k in ks]
+    payload = {"config": dataclasses.asdict(cfg), "seconds": sw.seconds, "ks": ks,
+               "bits_per_byte": {n: {str(k): v for k, v in c.items()} for n, c in curves.items()},
+               "bits_per_byte_lm_alone": level_alone,
+               "bits_per_byte_vs_lm_alone": {n: {str(k): v for k, v in c.items()}
+                                             for n, c in versus.items()},
+               "tau_per_fold": {str(k): v for k, v in taus.items()},
+               "windows": len(st.windows), "leakage": st.leakage,
+               "per_window": {"article": st.article_of.tolist(),
+                              "bytes": nbytes.astype(int).tolist(),
+                              "loglik_lm_alone": np.round(alone, 5).tolist(),
+                              "loglik_retrieved_tau1": {
+                                  str(k): np.round(ll(scored["replug"], k=k), 5).tolist()
+                                  for k in ks}},
+               "provenance": provenance()}
+    out = write_results(
+        "figure4_num_docs", args.config, payload, table,
+        ("k", *(f"bits/byte, {n} [95 % CI]" for n in curves),
+         *(f"Δ {n} vs LM alone" if "−" not in n else f"Δ {n}" for n in versus)),
+        notes=header_notes(cfg, st, sw.seconds)
+        + f" LM alone: {fmt_level(level_alone)} bits per byte.",
+        root=args.out, differences=DATASTORE_DIFFERENCES)
+    fig, ax = new_figure(figsize=(5.5, 3.4))
+    for (name, c), style in zip(curves.items(), ("o-", "^-", "s--")):
+        mid = np.array([c[k]["difference"] for k in ks])
+        ax.plot(ks, mid, style, label=name)
+        ax.fill_between(ks, [c[k]["low"] for k in ks], [c[k]["high"] for k in ks], alpha=0.15)
+    ax.axhline(level_alone["difference"], color="gray", lw=1, ls=":", label="LM alone")
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("number of ensembled documents k")
+    ax.set_ylabel("bits per byte")
+    ax.legend(fontsize=8)
     save_figure(fig, out / f"{args.config}.png")
 
 

@@ -48,10 +48,16 @@ from experiments.lib.lsr_common import (
     trained_with,
     variants,
 )
-from experiments.lib.lsr_qa_data import SPLITS, examples_of, nq_transfer, open_study
+from experiments.lib.lsr_qa_data import (
+    SPLITS,
+    base_retrieval,
+    examples_of,
+    generate_answers,
+    nq_transfer,
+    open_study,
+)
 from experiments.lib.lsr_qa_report import chosen_name, release, write_report
-from replug_jax.core.ensemble import retrieval_log_weights
-from replug_jax.eval.qa import exact_match, f1_score, first_line
+from replug_jax.eval.qa import exact_match, f1_score
 from replug_jax.eval.stats import paired_bootstrap
 from replug_jax.fileio import write_json_atomic
 from replug_jax.lm.score_store import ScoreStore, scorer_identity
@@ -67,7 +73,6 @@ from replug_jax.train.pool import (
 )
 from replug_jax.train.refresh import unflatten_params
 from replug_jax.train.release import passes as release_passes
-from replug_jax.train.supervision import branch_prompts
 
 BASE = "base retriever"
 
@@ -132,31 +137,6 @@ def end_to_end(res, logprobs: dict, length_E: np.ndarray, tau, k: int) -> np.nda
     return lm_datastore.window_logliks(scored, tau=tau)
 
 
-def generate_answers(lm, examples, res, tau, k, max_new_tokens, saved: pathlib.Path,
-                     batch: int = 8, progress: bool = True) -> list[str]:
-    """Greedy REPLUG answers (coordinated decoding over the top-``k`` branches, §3.2),
-    ``batch`` questions per call, each batch's answers kept in ``saved`` so a killed run
-    resumes where it stopped (``generate_ensemble`` bounds its own memory)."""
-    from tqdm.auto import tqdm
-
-    prompts = [branch_prompts([e] * len(ps[:k]), ps[:k], lm)
-               for e, ps in zip(examples, res.passages)]
-    log_w = np.asarray(retrieval_log_weights(res.scores[:, :k], tau))
-    key = hashlib.sha256(json.dumps([prompts, log_w.round(5).tolist(), max_new_tokens])
-                         .encode()).hexdigest()
-    back = json.loads(saved.read_text()) if saved.exists() else {}
-    texts = back["texts"] if back.get("key") == key else []  # else: answered anew
-    for lo in tqdm(range(0, len(prompts), batch), desc="greedy answers", unit="batch",
-                   disable=not progress):
-        if lo < len(texts):
-            continue
-        texts += lm.generate_ensemble(prompts[lo:lo + batch], log_w[lo:lo + batch],
-                                      max_new_tokens=max_new_tokens,
-                                      sampling_temperature=0.0).texts
-        write_json_atomic({"key": key, "texts": texts}, saved)
-    return [first_line(t) for t in texts]
-
-
 def compare(a, b, articles, cfg) -> dict:
     """Mean of ``a`` − mean of ``b`` over the same questions, 95 % interval resampling whole
     articles (questions, if they all come from one article)."""
@@ -165,16 +145,18 @@ def compare(a, b, articles, cfg) -> dict:
                             resamples=cfg.bootstrap_resamples, seed=cfg.seed)
 
 
-def score_pools(study, examples, lm, retriever, cfg, work, progress, store=None):
-    """Each pool set's pools (its questions' top-``pool_size`` by the base retriever, scored
-    once by the LM, through the content-keyed ``store``), the base retrieval and the passages
-    by id."""
+def score_pools(study, examples, lm, retriever, cfg, work, progress, store, carry):
+    """Each pool set's pools (its questions' top-``pool_size`` by the base retriever, kept in
+    ``carry``, scored once by the LM through the content-keyed ``store``), the base retrieval
+    and the passages by id."""
     by_id, pools, base_res = {}, {}, {}
     roles = [(n, s == "test") for f in study.folds for s, (n, _) in f.items()]
     test_only = {n for n, t in roles if t} - {n for n, t in roles if not t}
     for name, qs in study.pool_sets.items():
         m = (cfg.test_pool_size or cfg.pool_size) if name in test_only else cfg.pool_size
-        res = retrieve(study.store, retriever, None, qs, max(cfg.pool_size, *cfg.recall_ks))
+        res = base_retrieval(study, retriever, qs, max(cfg.pool_size, *cfg.recall_ks),
+                             carry / "retrievals" / f"base_{name}.npz",
+                             {"retriever": retriever.identity, "distractors": cfg.distractors})
         base_res[name] = res
         by_id.update({p.id: p for ps in res.passages for p in ps})
         pools[name] = build_pool(
@@ -289,11 +271,13 @@ def _stage_arg(ap) -> None:
     ap.add_argument("--stage", choices=("pools", "all"), default="all",
                     help="pools: build the datastore and score every pool (resumable), then "
                          "stop before any training; all: the whole study")
-    ap.add_argument("--score-store", type=pathlib.Path, default=None, metavar="DIR",
-                    help="the content-keyed store of the LM's pair scores (default: "
-                         "lm_scores in the work folder): pairs found there are not scored "
-                         "again, whatever pool or run asks for them; a folder that can be "
-                         "copied or committed part by part to carry a study across machines")
+    ap.add_argument("--carry", type=pathlib.Path, default=None, metavar="DIR",
+                    help="where the study keeps what is costly to make and small to keep "
+                         "(default: the work folder): DIR/lm_scores, the LM's pair scores "
+                         "keyed by their text (pairs found there are never scored again), and "
+                         "DIR/retrievals, the base retriever's top passages of each pool set; "
+                         "copy or commit it to resume the scoring on another machine without "
+                         "encoding the datastore again")
 
 
 def main(argv=None):
@@ -312,9 +296,10 @@ def main(argv=None):
         retriever = Retriever.load(cfg.retriever)
         study = open_study(cfg, retriever, lm, work, progress)
         examples = {n: examples_of(qs) for n, qs in study.pool_sets.items()}
-        store = ScoreStore(args.score_store or work / "lm_scores", scorer_identity(lm))
+        carry = args.carry or work
+        store = ScoreStore(carry / "lm_scores", scorer_identity(lm))
         pools, base_res, by_id = score_pools(study, examples, lm, retriever, cfg, work,
-                                             progress, store)
+                                             progress, store, carry)
         if args.stage == "pools":
             for name, pool in pools.items():
                 print(f"pool {name}: {len(pool)} questions, {pool.provenance['pairs']} pairs "

@@ -6,8 +6,8 @@ passage); the retrieval corpus is all 624 passages, so the gold passage is alway
 (the paper retrieves from a full Wikipedia dump, which is not available here). The retrieval
 query is the question alone; the LM sees few-shot demonstrations taken from questions outside
 the evaluated set. With ``corpus_file`` the corpus is that JSONL instead (e.g. the 624 gold
-passages plus distractors, ``prepare_nq --distractors``); with ``demonstrations_file`` the
-demonstrations come from that file (``prepare_nq --shots``). Given an LSR retriever, every
+passages plus distractors, ``prepare.nq --distractors``); with ``demonstrations_file`` the
+demonstrations come from that file (``prepare.nq --shots``). Given an LSR retriever, every
 difference REPLUG LSR − REPLUG (log-likelihood, EM, F1, gold passage in the top k) is reported
 with its paired-bootstrap 95 % interval over questions.
 Usage: ``python -m experiments.table3_qa [--config tiny] [--set k=10]``.
@@ -67,7 +67,7 @@ def demonstrations(cfg, questions, answers) -> list[tuple[str, str]]:
 
 def corpus_from_file(path: str, num_gold: int) -> tuple[list[Passage], dict[int, int]]:
     """The passages of a JSONL corpus and ``{NQ question index: passage position}`` for the
-    gold passages it holds (records whose id is the question's index, as ``prepare_nq``
+    gold passages it holds (records whose id is the question's index, as ``prepare.nq``
     writes them)."""
     docs = read_documents(path)
     passages = [Passage(i, d.text, d.title, d.id, 0, len(d.text)) for i, d in enumerate(docs)]
@@ -129,7 +129,7 @@ DIFFERENCES = (
 
 def load_question_file(path: str, all_questions: list[str]) -> list[int]:
     """Indices (into the 624 NQ questions) of the questions listed in a JSONL file with a
-    ``gold_doc`` field, as written by ``experiments/prepare_nq.py`` (e.g. its dev split)."""
+    ``gold_doc`` field, as written by ``experiments/prepare/nq.py`` (e.g. its dev split)."""
     from replug_jax.fileio import read_jsonl
 
     rows = read_jsonl(path)

@@ -76,7 +76,7 @@ def sweep_base(sweep, root: pathlib.Path):
     base, _ = load_config(sweep.base)
     if sweep.data_dir:
         folder = pathlib.Path(sweep.data_dir)
-        shots = folder / "demonstrations.jsonl"  # prepare_nq writes it beside the splits
+        shots = folder / "demonstrations.jsonl"  # prepare.nq writes it beside the splits
         base = dataclasses.replace(base, data=str(folder / "train.jsonl"),
                                    dev_data=str(folder / "dev.jsonl"),
                                    corpus=str(folder / "corpus.jsonl"),

@@ -295,6 +295,33 @@ def test_lsr_qa_tiny(data, tmp_path):
     assert again["per_example"] == res["per_example"]
 
 
+def test_lsr_qa_pools_resume_on_a_new_machine_from_the_carried_folder(data, tmp_path,
+                                                                     monkeypatch):
+    """What a study carries (``--carry``: the LM's pair scores keyed by their text, the base
+    retrievals) is enough to score its pools in a fresh work folder: no datastore encoded, no
+    LM call, the same pools."""
+    from experiments import lsr_qa
+    from experiments.lib import common, lm_datastore
+    from replug_jax.train.pool import ScoredPool
+
+    carry = tmp_path / "carry"
+    common_args = ["--config", "tiny", "--stage", "pools", "--no-progress", "--carry", str(carry)]
+    lsr_qa.main([*common_args, "--set", f"workdir={tmp_path / 'a'}"])
+    assert list((carry / "lm_scores").glob("part-*.npz"))
+    assert sorted(p.name for p in (carry / "retrievals").iterdir()) == [
+        "base_dev.npz", "base_test.npz", "base_train.npz"]
+    lm = common.load_lm("smollm2", 512)  # the cached LM the study loads
+    monkeypatch.setattr(lm, "score_continuations", lambda *a: pytest.fail("an LM call"))
+    monkeypatch.setattr(lm_datastore, "build_index", lambda *a, **k: pytest.fail("encoded"))
+    monkeypatch.setattr(lm_datastore.Index, "load", lambda *a, **k: pytest.fail("loaded"))
+    lsr_qa.main([*common_args, "--set", f"workdir={tmp_path / 'b'}"])
+    for split in ("train", "dev", "test"):
+        a = ScoredPool.load(tmp_path / "a" / "tiny" / f"pool_{split}")
+        b = ScoredPool.load(tmp_path / "b" / "tiny" / f"pool_{split}")
+        np.testing.assert_array_equal(a.doc_ids_EM, b.doc_ids_EM)
+        np.testing.assert_array_equal(a.branches.logprobs_NKT, b.branches.logprobs_NKT)
+
+
 def test_lsr_qa_confirmatory_test_on_fresh_articles_reuses_the_trained_study(data, tmp_path):
     """The confirmatory design: a config sharing another run's work folder reads back its
     train and dev pools and trained variant (nothing rescored or retrained) and tests on
@@ -400,7 +427,8 @@ def test_table2_mmlu_tiny(data, tmp_path):
 
 
 def test_temperature_sweep_tiny(data, tmp_path):
-    from experiments import prepare_nq, temperature_sweep
+    from experiments import temperature_sweep
+    from experiments.prepare import nq as prepare_nq
 
     prepare_nq.main(["--out", str(tmp_path / "nq")])
     temperature_sweep.main(["--config", "tiny", "--out", str(tmp_path), "--no-progress",
@@ -461,7 +489,8 @@ def test_repeated_set_flags_accumulate():
 def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch):
     """The WikiText article split, the NQ corpus with distractors, and the τ sweep on both
     datasets from cached branches (with the τ fitted and intervals reported)."""
-    from experiments import inference_temperature, prepare_nq, prepare_wikitext
+    from experiments import inference_temperature
+    from experiments.prepare import nq as prepare_nq, wikitext as prepare_wikitext
 
     wiki, nq = tmp_path / "wikitext", tmp_path / "nq"
     prepare_wikitext.main(["--out", str(wiki), "--dev", "1", "--test", "1", "--no-python-docs"])
@@ -521,7 +550,8 @@ def test_lsr_study_tiny(data, tmp_path, monkeypatch):
     """The LSR study end to end on its tiny config: pools scored once, two objectives trained
     on them, the chosen one evaluated from the re-embedded datastore, the release rule
     applied; a rerun reads every pool and run from its work directory."""
-    from experiments import lsr_study, prepare_wikitext
+    from experiments import lsr_study
+    from experiments.prepare import wikitext as prepare_wikitext
 
     wiki = tmp_path / "wikitext"
     prepare_wikitext.main(["--out", str(wiki), "--dev", "1", "--test", "1", "--no-python-docs"])
@@ -583,7 +613,8 @@ def test_lsr_study_on_a_built_index_trains_the_query_tower_only(data, tmp_path):
     pools come from the index with each example's own article out, only the query tower
     learns, and the end-to-end test searches the same index's base embeddings; a shared
     encoder is refused in one line."""
-    from experiments import lsr_study, prepare_wikitext
+    from experiments import lsr_study
+    from experiments.prepare import wikitext as prepare_wikitext
     from replug_jax.models import load_tokenizer
     from replug_jax.retrieval.build import build_index
     from replug_jax.retrieval.corpus import chunk_documents, read_documents
@@ -616,7 +647,8 @@ def test_lsr_study_on_a_built_index_trains_the_query_tower_only(data, tmp_path):
 def test_lsr_study_on_the_first_enwiki_articles_indexes_them_once(data, tmp_path):
     """``index="enwiki:N"``: the first N enwiki-sample articles in 100-word passages, indexed
     once in the work folder (what 2 CPU cores allow in place of the 220,948-passage index)."""
-    from experiments import lsr_study, prepare_wikitext
+    from experiments import lsr_study
+    from experiments.prepare import wikitext as prepare_wikitext
 
     wiki = tmp_path / "wikitext"
     prepare_wikitext.main(["--out", str(wiki), "--dev", "1", "--test", "1", "--no-python-docs"])
@@ -639,7 +671,7 @@ def test_lsr_study_on_the_first_enwiki_articles_indexes_them_once(data, tmp_path
 def test_prepare_enwiki_lm_adds_fresh_articles_without_changing_train_and_dev(data, tmp_path):
     """``fresh_test.jsonl`` (the replication's test articles) comes after train and dev in the
     same seeded order: disjoint from both, and the two files do not change with it."""
-    from experiments import prepare_enwiki_lm
+    from experiments.prepare import enwiki_lm as prepare_enwiki_lm
 
     def split(out, fresh):
         prepare_enwiki_lm.main(["--out", str(out), "--train", "3", "--dev", "2", "--fresh",

@@ -4,7 +4,7 @@
 NQ: the dev questions, 4-shot prompts, gold-answer log-likelihood; τ is fitted on the same dev
 questions and reported by 2-fold cross-fitting. WikiText: windows of the dev articles fit τ,
 windows of the test articles report bits per byte (prepare both with
-``python -m experiments.prepare_wikitext`` and ``python -m experiments.prepare_nq
+``python -m experiments.prepare.wikitext`` and ``python -m experiments.prepare.nq
 --distractors experiments/data/wikitext/distractors.jsonl``)."""
 
 import dataclasses

@@ -1,5 +1,5 @@
 """REPLUG LSR on NQ questions with their gold passages (prepare with
-``python -m experiments.prepare_nq``). Paper values are the LSRConfig defaults; the laptop
+``python -m experiments.prepare.nq``). Paper values are the LSRConfig defaults; the laptop
 variants shrink the batch, k and the step count to fit 2 CPU cores."""
 
 from replug_jax.train.config import LSRConfig
@@ -17,7 +17,7 @@ CONFIGS = {
                          total_steps=32, refresh_every=12, checkpoint_every=8,
                          learning_rate=2e-5, **_DATA),
     # Room to improve: the 624 gold passages plus 3528 distractor passages (WikiText-2
-    # articles and Python docs; prepare_wikitext, then prepare_nq --distractors), so recall@1
+    # articles and Python docs; prepare.wikitext, then prepare.nq --distractors), so recall@1
     # can move. 8 steps (what fit beside the other runs) at a raised learning rate: the change
     # per parameter is bounded by 8 × 3e-4 = 2.4e-3. The τ experiment evaluates it on 80 dev
     # questions.

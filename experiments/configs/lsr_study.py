@@ -3,7 +3,7 @@ never holds the evaluated article, many steps of training on it, objectives and 
 compared on the same LM scores, and the chosen retriever evaluated end to end (top-k from the
 re-embedded datastore, not the pool) against the base retriever on held-out test articles.
 
-Data: ``python -m experiments.prepare_wikitext`` (WikiText-2 articles split by article into
+Data: ``python -m experiments.prepare.wikitext`` (WikiText-2 articles split by article into
 train / dev / test; corpus = 128-token passages of every article plus NQ passages and Python
 docs). ``leakage="document"``: an example never retrieves a passage of its own article."""
 
@@ -64,7 +64,7 @@ class StudyConfig:
 # The paper's §4 setting on a real datastore: windows of enwiki-sample articles (their own
 # article never retrievable) teach the query tower; the test is WikiText-103 test (all 60
 # articles) against the same 220,948 enwiki passages as table1_lm's default
-# (`python -m experiments.prepare_enwiki_lm` writes the data; the index is table1_lm's).
+# (`python -m experiments.prepare.enwiki_lm` writes the data; the index is table1_lm's).
 _ENWIKI = StudyConfig(
     train_data="experiments/data/enwiki_lm/train.jsonl",
     dev_data="experiments/data/enwiki_lm/dev.jsonl",
@@ -94,7 +94,7 @@ CONFIGS = {
     # of this test was scored: a replication on a second kind of text. enwiki1k's trained
     # runs and chosen variant, unchanged (work="enwiki1k"), tested end to end against the
     # base on 256 windows of 120 enwiki-sample articles that neither train nor dev holds
-    # (raw Wikipedia text: `prepare_enwiki_lm` writes fresh_test.jsonl). It replicates if
+    # (raw Wikipedia text: `prepare.enwiki_lm` writes fresh_test.jsonl). It replicates if
     # the interval vs the base lies below zero. Nothing is released from it.
     "enwiki1k_fresh": dataclasses.replace(
         _ENWIKI, index="enwiki:1000", work="enwiki1k",

@@ -1,5 +1,5 @@
 """REPLUG LSR with the language-modelling objective (paper §4, §5.2) on WikiText-2 articles
-(prepare with ``python -m experiments.prepare_wikitext``): x = 128 tokens, y = the next 128,
+(prepare with ``python -m experiments.prepare.wikitext``): x = 128 tokens, y = the next 128,
 corpus = 128-token passages of every article plus distractors (NQ passages, Python docs); an
 example never retrieves a passage of its own article (``leakage="document"``: the datastore is
 disjoint from the evaluated text, as in the paper; ``"window"`` hides only the overlapping

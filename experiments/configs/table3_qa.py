@@ -51,7 +51,7 @@ CONFIGS = {
     "lsr_dev_em": QAConfig(question_file="experiments/data/nq/dev.jsonl", num_questions=50,
                            modes=("replug",), generate_modes=("replug",), likelihood=False,
                            lsr_retriever="checkpoints/replug-lsr-minilm-nq"),
-    # The NQ-with-distractors LSR run (lsr_nq:distractors, prepare_nq --distractors): REPLUG
+    # The NQ-with-distractors LSR run (lsr_nq:distractors, prepare.nq --distractors): REPLUG
     # vs REPLUG LSR on the 80 dev questions the τ experiment uses, k = 4 as in training,
     # likelihood, recall and EM/F1 from one pass per retriever.
     "lsr_distractors_dev": QAConfig(

@@ -137,9 +137,34 @@ def enwiki_passages(articles: int) -> list:
     return chunk_documents(_enwiki_documents(articles), size=100, unit="words")
 
 
-def cached_index(passages, retriever, path: pathlib.Path, progress: bool) -> Index:
+class LazyIndex:
+    """The exact index of ``passages`` at ``path`` (:func:`cached_index`), loaded or built
+    on its first search only: a run whose retrievals are all cached reads the passages by id
+    (``passages[id]``) and never encodes the datastore."""
+
+    def __init__(self, passages, retriever, path: pathlib.Path, progress: bool):
+        from replug_jax.retrieval.store import PassageStore
+
+        self.passages = PassageStore.from_passages(passages)
+        self._args = (passages, retriever, path, progress)
+        self._index = None
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, queries_BD, k: int):
+        if self._index is None:
+            self._index = cached_index(*self._args)
+        return self._index.search(queries_BD, k)
+
+
+def cached_index(passages, retriever, path: pathlib.Path, progress: bool,
+                 lazy: bool = False) -> Index:
     """The exact index of ``passages`` at ``path``: loaded if an earlier run built it with
-    this retriever from the same passages, else built (resumably)."""
+    this retriever from the same passages, else built (resumably); ``lazy``: a
+    :class:`LazyIndex`, built at its first search."""
+    if lazy:
+        return LazyIndex(passages, retriever, path, progress)
     try:
         return Index.load(path, expect_encoder=retriever.identity,
                           expect_corpus_checksum=corpus_checksum(passages))
@@ -148,17 +173,20 @@ def cached_index(passages, retriever, path: pathlib.Path, progress: bool) -> Ind
 
 
 def open_datastore(spec: str, retriever, lm, passage_tokens: int, control_documents: int = 0,
-                   cache: pathlib.Path | None = None, progress: bool = True):
+                   cache: pathlib.Path | None = None, progress: bool = True,
+                   lazy: bool = False):
     """``(index, leakage policy)`` for a datastore spec: an index directory built by ``replug
     index build``; ``enwiki:N`` (the first N articles of the enwiki sample in 100-word
-    passages: in memory, or with ``cache`` indexed once in ``cache/index_enwikiN``);
+    passages: in memory, or with ``cache`` indexed once in ``cache/index_enwikiN``, at its
+    first search if ``lazy``);
     ``wikitext103`` (WikiText-103 test in ``passage_tokens``-token passages, every passage
     of the evaluated article excluded)."""
     if spec.startswith("enwiki:"):
         n = int(spec.split(":", 1)[1])
         if cache is not None:
             return cached_index(enwiki_passages(n), retriever,
-                                pathlib.Path(cache) / f"index_enwiki{n}", progress), "none"
+                                pathlib.Path(cache) / f"index_enwiki{n}", progress,
+                                lazy), "none"
         return index_in_memory(enwiki_passages(n), retriever), "none"
     if spec == "wikitext103":
         docs = evaluated_documents("wikitext103", control_documents)

@@ -1,4 +1,5 @@
-"""The questions, cross-fitting folds and datastore of the LSR QA study (``lsr_qa``).
+"""The questions, cross-fitting folds and datastore of the LSR QA study (``lsr_qa``), the
+base retrievals it keeps, and its greedy REPLUG answers.
 
 * ``dataset="squad"``: one fold. Train = questions of SQuAD train articles (``train_articles``
   of them), dev = questions of ``dev_articles`` other train articles (early stopping, τ),
@@ -24,13 +25,20 @@ fold they fall in) and a fold takes rows of them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import pathlib
 
 import numpy as np
 
 from experiments.lib import lm_datastore, squad
+from replug_jax.core.ensemble import retrieval_log_weights
+from replug_jax.eval.qa import first_line
+from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.prompts import qa_prompt
+from replug_jax.retrieval.search import SearchResult
 from replug_jax.train.data import Example
+from replug_jax.train.supervision import branch_prompts
 
 SPLITS = ("train", "dev", "test")
 
@@ -56,17 +64,41 @@ def examples_of(questions) -> list[Example]:
                     q.paragraph) for q in questions]
 
 
-def distractor_index(cfg, retriever, lm, progress: bool):
+def distractor_index(cfg, retriever, lm, progress: bool, lazy: bool = False):
     """The distractors: ``enwiki:N`` (the first N enwiki articles in 100-word passages,
-    indexed once under the work root, shared by every config), an index folder, or None."""
+    indexed once under the work root, shared by every config; ``lazy``: at the first search),
+    an index folder, or None."""
     if not cfg.distractors:
         return None
     return lm_datastore.open_datastore(cfg.distractors, retriever, lm, 128,
-                                       cache=pathlib.Path(cfg.workdir), progress=progress)[0]
+                                       cache=pathlib.Path(cfg.workdir), progress=progress,
+                                       lazy=lazy)[0]
+
+
+def base_retrieval(study: Study, retriever, questions, k: int, path: pathlib.Path, key: dict):
+    """The base retriever's top-``k`` of ``questions`` over the whole datastore, kept in
+    ``path`` (ids and scores, with ``key``: the retriever, the questions, the datastore) so
+    that a run on another machine takes it from there and, with its pools' pairs in the score
+    store, never encodes the datastore to score them."""
+    key = json.loads(json.dumps({**key, "k": k, "datastore": len(study.store),
+                                 "questions": [q.id for q in questions]}))
+    if path.exists():
+        with np.load(path, allow_pickle=False) as z:
+            if json.loads(str(z["key"])) == key:
+                ids, scores = z["ids"], z["scores"]
+                return SearchResult(ids, scores, [[study.store.passage(int(i)) for i in row
+                                                   if i >= 0] for row in ids])
+    res = study.store.search(retriever.encode_queries([q.question for q in questions]), k)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, ids=res.ids, scores=res.scores, key=np.array(json.dumps(key)))
+    return res
 
 
 def open_study(cfg, retriever, lm, work: pathlib.Path, progress: bool) -> Study:
-    distractors = distractor_index(cfg, retriever, lm, progress)
+    """The study's questions, folds and datastore; its indexes are loaded or built at their
+    first search (a run whose base retrievals are kept searches nothing to score its pools)."""
+    distractors = distractor_index(cfg, retriever, lm, progress, lazy=True)
     if cfg.dataset == "squad":
         return _squad(cfg, retriever, work, distractors, progress)
     if cfg.dataset == "nq":
@@ -78,7 +110,7 @@ def _squad(cfg, retriever, work, distractors, progress) -> Study:
     train_paras, train_qs = squad.load_squad("train-v1.1.json")
     test_paras, test_qs = squad.load_squad("dev-v1.1.half_a.json", first_id=len(train_paras))
     squad_index = lm_datastore.cached_index(train_paras + test_paras, retriever,
-                                            work / "squad_index", progress)
+                                            work / "squad_index", progress, lazy=True)
     train_qs, dev_qs = squad.split_articles(train_qs, cfg.dev_articles, cfg.seed)
     unused: list = []
     if 0 < cfg.train_articles < len({q.article for q in train_qs}):  # seeded, whole articles
@@ -159,3 +191,28 @@ def nq_transfer(cfg, retriever, params, work, progress, base: str = "base") -> d
             **{f"recall@{r}_chosen_vs_base": paired_bootstrap(
                 hits["chosen"][r], hits[base][r], clusters=None,
                 resamples=cfg.bootstrap_resamples, seed=cfg.seed) for r in cfg.recall_ks}}
+
+
+def generate_answers(lm, examples, res, tau, k, max_new_tokens, saved: pathlib.Path,
+                     batch: int = 8, progress: bool = True) -> list[str]:
+    """Greedy REPLUG answers (coordinated decoding over the top-``k`` branches, §3.2),
+    ``batch`` questions per call, each batch's answers kept in ``saved`` so a killed run
+    resumes where it stopped (``generate_ensemble`` bounds its own memory)."""
+    from tqdm.auto import tqdm
+
+    prompts = [branch_prompts([e] * len(ps[:k]), ps[:k], lm)
+               for e, ps in zip(examples, res.passages)]
+    log_w = np.asarray(retrieval_log_weights(res.scores[:, :k], tau))
+    key = hashlib.sha256(json.dumps([prompts, log_w.round(5).tolist(), max_new_tokens])
+                         .encode()).hexdigest()
+    back = json.loads(saved.read_text()) if saved.exists() else {}
+    texts = back["texts"] if back.get("key") == key else []  # else: answered anew
+    for lo in tqdm(range(0, len(prompts), batch), desc="greedy answers", unit="batch",
+                   disable=not progress):
+        if lo < len(texts):
+            continue
+        texts += lm.generate_ensemble(prompts[lo:lo + batch], log_w[lo:lo + batch],
+                                      max_new_tokens=max_new_tokens,
+                                      sampling_temperature=0.0).texts
+        write_json_atomic({"key": key, "texts": texts}, saved)
+    return [first_line(t) for t in texts]

@@ -98,6 +98,14 @@ class MergedDatastore:
     def __len__(self) -> int:
         return sum(len(ix) for ix, _ in self.parts)
 
+    def passage(self, pid: int) -> Passage:
+        """The passage of datastore id ``pid`` (a distractor's id offset, as search gives it)."""
+        for ix, off in reversed(self.parts):
+            if pid >= off:
+                p = ix.passages[pid - off]
+                return p if off == 0 else dataclasses.replace(p, id=pid)
+        raise KeyError(pid)
+
     def search(self, queries_BD: np.ndarray, k: int) -> SearchResult:
         found = [(ix.search(queries_BD, min(k, len(ix))), off) for ix, off in self.parts]
         b = len(queries_BD)

@@ -5,9 +5,9 @@ passages, and each question's ``gold_doc`` is the index of its passage. The few-
 demonstrations of the Table 3 evaluation (the last ``--shots`` questions) go to
 ``demonstrations.jsonl`` and into neither split, so LSR supervision can use the evaluation's
 prompt. With ``--distractors FILE`` (a JSONL of passages, e.g. the ``distractors.jsonl`` of
-``experiments.prepare_wikitext``), ``corpus_distractors.jsonl`` holds the 624 gold passages
+``experiments.prepare.wikitext``), ``corpus_distractors.jsonl`` holds the 624 gold passages
 first (their ids unchanged) and then those passages, so that recall@1 has room to move. Usage:
-``python -m experiments.prepare_nq [--out experiments/data/nq] [--seed 0] [--distractors F]``.
+``python -m experiments.prepare.nq [--out experiments/data/nq] [--seed 0] [--distractors F]``.
 """
 
 from __future__ import annotations

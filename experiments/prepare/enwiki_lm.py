@@ -10,7 +10,7 @@ article out of its retrieval. ``test.jsonl``: the 60 articles of WikiText-103 te
 text, a second kind of test data: ``lsr_study --config enwiki1k_fresh``). The trainer cuts
 them into windows of x + y tokens. ``split.json`` lists the chosen titles.
 
-Usage: ``python -m experiments.prepare_enwiki_lm [--out experiments/data/enwiki_lm]``.
+Usage: ``python -m experiments.prepare.enwiki_lm [--out experiments/data/enwiki_lm]``.
 """
 
 from __future__ import annotations

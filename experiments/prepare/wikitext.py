@@ -11,7 +11,7 @@ of the demo. The trainer cuts it into 128-token passages (``chunk_unit="tokens"`
 ``distractors.jsonl`` (for the NQ run with distractors): the same WikiText articles and Python
 docs, already cut into 128-token passages, one per line.
 
-Usage: ``python -m experiments.prepare_wikitext [--out experiments/data/wikitext] [--seed 0]``.
+Usage: ``python -m experiments.prepare.wikitext [--out experiments/data/wikitext] [--seed 0]``.
 """
 
 from __future__ import annotations
