@@ -16,7 +16,7 @@ The retrieval stage of an LSR step with ``index_backend=jax`` is timed too: the 
 embeddings' exact top-k over a synthetic corpus of ``--corpus-size`` × D vectors in the
 backend's storage dtype, reported as a fraction of retrieval + step.
 
-With ``--loop-data DIR`` (train/dev/corpus JSONL as written by ``experiments/prepare_nq.py``)
+With ``--loop-data DIR`` (train/dev/corpus JSONL as written by ``experiments/prepare/nq.py``)
 it also runs the training loop for three epochs over the first ``--loop-examples`` questions
 with the background index refresh, and reports the fraction of step time spent waiting on the
 refresh and the LM-score cache hit rate per epoch.
