@@ -43,7 +43,7 @@ from benches.common import (
 )
 from replug_jax.train.config import LSRConfig
 from replug_jax.models.params import split_params
-from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
+from replug_jax.train.lsr import init_state, make_train_step
 
 
 def bert_train_flops(cfg, tokens: int) -> float:
@@ -83,9 +83,11 @@ def lsr_setup(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128, retriever: st
     model = load_retriever(retriever)
     cfg = LSRConfig(retriever=retriever, k=k, batch_size=b, total_steps=1000, remat=remat)
     graphdef, template, params = split_params(model.model.encoder)
-    tx = make_optimizer(cfg)
-    step, scores_fn = make_train_step(graphdef, template, cfg, tx, model.model.pooling,
-                                      model.normalize)
+    tx = cfg.optim_config.build(cfg.total_steps)
+    step, scores_fn = make_train_step(graphdef, template, cfg.objective_config, tx,
+                                      model.model.pooling, model.normalize,
+                                      schedule=cfg.optim_config.schedule(cfg.total_steps),
+                                      remat=cfg.remat)
     grad = jax.jit(jax.value_and_grad(lambda p, bt: lsr_loss(
         scores_fn(p, bt), bt["lm_scores"], cfg.gamma, cfg.beta, bt["doc_valid"])))
     return types.SimpleNamespace(

@@ -198,12 +198,11 @@ def retriever_programs(bert_cfg, mesh: Mesh, s: Shapes, *, remat: bool = True,
     """``{name: () -> Lowered}`` for the retriever's programs on a 1-D ``data`` mesh over
     the same devices (parameters and optimizer state replicated, batches and the corpus
     split), as LSR training runs them."""
-    from types import SimpleNamespace
-
     from replug_jax.models.bert import BertEncoder, embed
     from replug_jax.models.params import split_params, to_module
     from replug_jax.retrieval.jax_search import _sharded_topk_fn
-    from replug_jax.train.lsr import TrainState, make_optimizer, make_train_step
+    from replug_jax.train.lsr import TrainState, make_train_step
+    from replug_jax.train.spec import ObjectiveConfig, OptimConfig
 
     flat = Mesh(mesh.devices.reshape(-1), ("data",),
                 axis_types=(jax.sharding.AxisType.Auto,))
@@ -213,14 +212,13 @@ def retriever_programs(bert_cfg, mesh: Mesh, s: Shapes, *, remat: bool = True,
     graphdef, template, params = split_params(encoder)
     rep = NamedSharding(flat, PartitionSpec())
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), params)
-    lcfg = SimpleNamespace(objective="kl", direction="retriever_to_lm", gamma=0.1, beta=0.1,
-                           learning_rate=2e-5, warmup_ratio=0.1, total_steps=1000,
-                           grad_clip=1.0, optimizer="adam", weight_decay=0.0, remat=remat)
-    tx = make_optimizer(lcfg)
+    optim = OptimConfig()  # §5.2: Adam 2e-5, as LSRConfig's defaults
+    tx = optim.build(1000)
     opt_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
                              jax.eval_shape(tx.init, params))
     state = TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32, sharding=rep))
-    step, _ = make_train_step(graphdef, template, lcfg, tx, "mean", True)
+    step, _ = make_train_step(graphdef, template, ObjectiveConfig(), tx, "mean", True,
+                              schedule=optim.schedule(1000), remat=remat)
     split = NamedSharding(flat, PartitionSpec("data"))
     b, k = s.lsr_batch, s.lsr_docs
     batch = {"query_ids": ((b, s.query_len), jnp.int32), "query_mask": ((b, s.query_len),

@@ -26,10 +26,14 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-DATA = "data"
-FSDP = "fsdp"
-MODEL = "model"
-MESH_AXES = (DATA, FSDP, MODEL)
+from replug_jax.mesh_spec import (  # noqa: F401 (re-exported: the mesh's text form)
+    DATA,
+    FSDP,
+    MESH_AXES,
+    MODEL,
+    format_mesh,
+    parse_mesh,
+)
 
 # Logical axis -> mesh axes, the one table every sharded parameter, cache and input goes
 # through. A dimension whose size the mesh axes do not divide is replicated instead (with a
@@ -148,32 +152,6 @@ def device_grid(names: tuple[str, ...], sizes: tuple[int, ...], devices: list,
         except (ValueError, NotImplementedError, AssertionError):
             pass  # devices mesh_utils does not know how to lay out
     return np.array(devices).reshape(sizes)
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=2,model=4"`` -> ``{"data": 2, "model": 4}``; axes are ``data``, ``fsdp`` and
-    ``model``, each at most once, each a positive integer."""
-    out: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, size = part.partition("=")
-        name = name.strip()
-        if not eq or name not in MESH_AXES or name in out:
-            raise ValueError(f"mesh {text!r}: expected axis=size pairs such as "
-                             f"'data=2,model=4' with axes from {', '.join(MESH_AXES)}, each "
-                             "at most once")
-        try:
-            out[name] = int(size)
-        except ValueError:
-            raise ValueError(f"mesh {text!r}: size of {name!r} is not an integer") from None
-        if out[name] < 1:
-            raise ValueError(f"mesh {text!r}: size of {name!r} must be at least 1")
-    if not out:
-        raise ValueError(f"mesh {text!r}: no axes given (e.g. 'model=8')")
-    return out
-
-
-def format_mesh(shape) -> str:
-    return ",".join(f"{k}={v}" for k, v in dict(shape).items())
 
 
 def mesh_size(mesh: Mesh | None, axis: str) -> int:

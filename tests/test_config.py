@@ -28,3 +28,47 @@ def test_a_typo_in_a_config_file_or_a_set_key_is_one_line_with_the_nearest_names
     assert main(["train-lsr", "--config", f"{cfg}:default", "--workdir",
                  str(tmp_path / "w")]) == 2
 
+
+
+def test_an_lsr_config_is_read_without_jax():
+    """Issue 51: a config (and its typed pieces) can be read and checked where JAX is not
+    loaded; building the optimizer is what needs optax."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from replug_jax.train.config import LSRConfig, load_config\n"
+            "c = LSRConfig(lm_mesh='data=2,model=4', gamma=0.5)\n"
+            "assert c.objective_config.gamma == 0.5 and c.optim_config.learning_rate == 2e-5\n"
+            "c.fingerprint.__doc__\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', "
+            "'optax')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_both_trainers_hand_the_same_pieces_to_the_step():
+    """The online trainer's flat fields and the pool trainer's objective names describe the
+    same ObjectiveConfig / OptimConfig; a bad piece is refused where the config is made."""
+    from replug_jax.train.config import LSRConfig
+    from replug_jax.train.pool import PoolTrainConfig
+    from replug_jax.train.spec import ObjectiveConfig, OptimConfig
+
+    online = LSRConfig(direction="lm_to_retriever", gamma=1.0, beta=0.5, learning_rate=1e-4,
+                       warmup_ratio=0.2, grad_clip=0.5)
+    pool = PoolTrainConfig(objective="kl_lm_to_retriever", gamma=1.0, beta=0.5,
+                           learning_rate=1e-4, warmup_ratio=0.2, grad_clip=0.5)
+    assert online.objective_config == pool.objective_config == ObjectiveConfig(
+        "kl", "lm_to_retriever", 1.0, 0.5, "mean")
+    assert online.optim_config == pool.optim_config == OptimConfig("adam", 1e-4, 0.0, 0.2, 0.5)
+    assert PoolTrainConfig(objective="marginal", lm_score="sum").objective_config.objective \
+        == "marginal"
+    with pytest.raises(ValueError, match="objective must be one of"):
+        PoolTrainConfig(objective="kl")
+    with pytest.raises(ValueError, match="gamma and beta"):
+        ObjectiveConfig(gamma=0.0)
+    with pytest.raises(ValueError, match="warmup_ratio"):
+        OptimConfig(warmup_ratio=1.0)
+    schedule = OptimConfig(learning_rate=1.0, warmup_ratio=0.5).schedule(10)
+    assert [float(schedule(s)) for s in (0, 5, 10)] == [0.0, 1.0, 0.0]

@@ -331,7 +331,7 @@ def test_supervision_scores_the_prompts_replug_serves(tmp_path, monkeypatch):
 def test_remat_gives_the_same_step():
     """Gradient checkpointing changes memory, not the update (same loss, same parameters)."""
     from replug_jax.models.params import split_params
-    from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
+    from replug_jax.train.lsr import init_state
 
     retriever = tiny_retriever(0)
     graphdef, template, params = split_params(retriever.model.encoder)
@@ -347,9 +347,7 @@ def test_remat_gives_the_same_step():
     out = []
     for remat in (False, True):
         cfg = dataclasses.replace(BASE, remat=remat)
-        tx = make_optimizer(cfg)
-        step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
-                                  retriever.normalize)
+        step, tx = _step(graphdef, template, cfg, retriever)
         state, metrics = step(init_state(params, tx), batch)
         jaxpr = str(jax.make_jaxpr(step)(init_state(params, tx), batch))
         assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
@@ -400,7 +398,6 @@ def test_train_step_scores_documents_as_the_index_does_for_dot_on_a_normalising_
     (Retriever.encode) and the LSR step used to disagree, normalising in one and not the other."""
     from replug_jax.models.params import split_params
     from replug_jax.retrieval.index import corpus_text
-    from replug_jax.train.lsr import make_optimizer, make_train_step
 
     retriever = tiny_retriever(0, similarity="dot")
     retriever.model.normalize = True
@@ -408,8 +405,7 @@ def test_train_step_scores_documents_as_the_index_does_for_dot_on_a_normalising_
     assert retriever.normalize
     cfg = dataclasses.replace(BASE, similarity="dot")
     graphdef, template, params = split_params(retriever.model.encoder)
-    _, scores_fn = make_train_step(graphdef, template, cfg, make_optimizer(cfg),
-                                   retriever.model.pooling, retriever.normalize)
+    (_, scores_fn), _ = _step(graphdef, template, cfg, retriever, scores=True)
     docs = [corpus_text(p) for p in PASSAGES[:4]]
     query = TRAIN[0].query
     tok = retriever.model.tokenizer
@@ -428,14 +424,12 @@ def test_golden_train_step():
     a refactor that changes the update fails here. Recorded on CPU float32."""
     from replug_jax.models.params import split_params
     from replug_jax.retrieval.index import corpus_text
-    from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
+    from replug_jax.train.lsr import init_state
 
     retriever = tiny_retriever(0)
     cfg = dataclasses.replace(BASE, total_steps=10, warmup_ratio=0.0, learning_rate=1e-3)
     graphdef, template, params = split_params(retriever.model.encoder)
-    tx = make_optimizer(cfg)
-    step, _ = make_train_step(graphdef, template, cfg, tx, retriever.model.pooling,
-                              retriever.normalize)
+    step, tx = _step(graphdef, template, cfg, retriever)
     tok = retriever.model.tokenizer
     q = tok([e.query for e in TRAIN[:2]], padding="max_length", max_length=16,
             return_tensors="np")
@@ -688,3 +682,15 @@ def test_index_backend_auto_searches_on_the_devices_of_an_accelerator():
     assert apart.resolved_index_backend("gpu") == "faiss"
     assert dataclasses.replace(cfg, index_backend="faiss").resolved_index_backend("gpu") == "faiss"
     assert cfg.fingerprint() == dataclasses.replace(cfg, index_backend="faiss").fingerprint()
+
+
+def _step(graphdef, template, cfg, retriever, scores: bool = False):
+    """The LSR step an LSRConfig describes (its objective and optimizer pieces), and its
+    optimizer; ``scores``: the (step, scores_fn) pair."""
+    from replug_jax.train.lsr import make_train_step
+
+    tx = cfg.optim_config.build(cfg.total_steps)
+    fns = make_train_step(graphdef, template, cfg.objective_config, tx, retriever.model.pooling,
+                          retriever.normalize, schedule=cfg.optim_config.schedule(
+                              cfg.total_steps), remat=cfg.remat)
+    return (fns if scores else fns[0]), tx

@@ -200,17 +200,15 @@ def test_each_step_re_ranks_the_pool_with_the_current_queries(tiny):
     from replug_jax.core.losses import lsr_loss
     from replug_jax.models.bert import embed
     from replug_jax.models.params import split_params, to_module
-    from replug_jax.train.lsr import init_state, make_optimizer
-    from replug_jax.train.lsr import make_query_step
-    from replug_jax.train.pool import _lsr_config
+    from replug_jax.train.lsr import init_state, make_query_step
 
     _, retriever = tiny
     cfg = PoolTrainConfig(k=2, steps=4, learning_rate=5e-2)
-    lcfg = _lsr_config(cfg)
     graphdef, template, params = split_params(retriever.model.encoder)
-    tx = make_optimizer(lcfg)
-    step = make_query_step(graphdef, template, lcfg, tx, retriever.model.pooling,
-                           retriever.normalize, cfg.k)
+    tx = cfg.optim_config.build(cfg.steps)
+    step = make_query_step(graphdef, template, cfg.objective_config, tx,
+                           retriever.model.pooling, retriever.normalize, cfg.k,
+                           schedule=cfg.optim_config.schedule(cfg.steps))
     ids, mask = retriever.tokenize_fixed(["capital of Germany", "the Rhine river"], 16, "right")
     rng = np.random.default_rng(0)
     batch = {"query_ids": ids, "query_mask": mask,

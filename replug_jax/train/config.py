@@ -1,4 +1,5 @@
-"""Typed LSR configuration. Defaults are the paper's §5.2 values."""
+"""Typed LSR configuration. Defaults are the paper's §5.2 values. Readable without JAX
+(a test imports it in a process that has none loaded)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,14 @@ import json
 from typing import Literal
 
 from replug_jax import config
+from replug_jax.mesh_spec import parse_mesh
 from replug_jax.models.registry import DEFAULT_LM
-from replug_jax.sharding import parse_mesh
-
-
-MARGINAL_NEEDS_SUM = ("objective 'marginal' needs lm_score 'sum': the marginal likelihood "
-                      "sum_d P_R(d|x) p(y|d,x) is over whole-continuation probabilities, not "
-                      "per-token means")
-
-
-def marginal_score_ok(objective: str, lm_score: str) -> bool:
-    """The one rule every LSR trainer checks: the marginal likelihood needs summed token
-    log-probs (``log p(y|d,x)``), never their mean."""
-    return objective != "marginal" or lm_score == "sum"
+from replug_jax.train.spec import (  # noqa: F401 (MARGINAL_NEEDS_SUM re-exported)
+    MARGINAL_NEEDS_SUM,
+    ObjectiveConfig,
+    OptimConfig,
+    marginal_score_ok,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +179,19 @@ class LSRConfig:
         on_device = (backend or jax.default_backend()) != "cpu"
         return "jax" if on_device and self.index_factory == "Flat" and \
             not self.refresh_devices else "faiss"
+
+    @property
+    def objective_config(self) -> ObjectiveConfig:
+        """The loss's piece of this config (what :func:`~replug_jax.train.lsr.make_train_step`
+        reads)."""
+        return ObjectiveConfig(self.objective, self.direction, self.gamma, self.beta,
+                               self.lm_score)
+
+    @property
+    def optim_config(self) -> OptimConfig:
+        """The optimizer's piece (``optim_config.build(total_steps)``)."""
+        return OptimConfig(self.optimizer, self.learning_rate, self.weight_decay,
+                           self.warmup_ratio, self.grad_clip)
 
     @property
     def lag(self) -> int:

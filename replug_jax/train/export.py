@@ -21,7 +21,7 @@ from replug_jax.models import export_retriever, load_retriever
 from replug_jax.models.params import split_params, to_module
 from replug_jax.train.checkpoint import Checkpoints
 from replug_jax.train.config import LSRConfig
-from replug_jax.train.lsr import init_state, make_optimizer
+from replug_jax.train.lsr import init_state
 
 
 def saved_config(workdir: str | pathlib.Path) -> LSRConfig:
@@ -49,7 +49,7 @@ def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
     cfg = saved_config(workdir)
     model = load_retriever(cfg.retriever)
     graphdef, template, params = split_params(model.encoder)
-    like = init_state(params, make_optimizer(cfg))
+    like = init_state(params, cfg.optim_config.build(cfg.total_steps))
     step, state, _ = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints).restore(
         like, step)
     if state is None:

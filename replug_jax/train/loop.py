@@ -37,7 +37,7 @@ from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import Example, batch_indices, resolve_gold
 from replug_jax.train.prefetch import Prefetcher
 from replug_jax.models.params import split_params, to_module
-from replug_jax.train.lsr import init_state, make_optimizer, make_train_step
+from replug_jax.train.lsr import init_state, make_train_step
 from replug_jax.train.refresh import IndexRefresher
 from replug_jax.train.supervision import LMScoreCache, lm_scores
 
@@ -121,10 +121,11 @@ class LSRTrainer:
             raise ValueError(f"the retriever uses {retriever.similarity!r} similarity but the "
                              f"config says {cfg.similarity!r}")
         self.graphdef, self.template, params = split_params(retriever.model.encoder)
-        self.tx = make_optimizer(cfg)
+        self.tx = cfg.optim_config.build(cfg.total_steps)
         self.train_step, self.scores_fn = make_train_step(
-            self.graphdef, self.template, cfg, self.tx, retriever.model.pooling,
-            retriever.normalize)
+            self.graphdef, self.template, cfg.objective_config, self.tx,
+            retriever.model.pooling, retriever.normalize,
+            schedule=cfg.optim_config.schedule(cfg.total_steps), remat=cfg.remat)
         self.state = replicate(init_state(params, self.tx), self.mesh)
         # one LM-score cache per process: each scores only its own rows of every batch
         self.pid, self.pcount = jax.process_index(), jax.process_count()

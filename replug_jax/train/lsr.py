@@ -19,6 +19,7 @@ import optax
 from replug_jax.core.losses import lsr_distributions, lsr_loss, marginal_nll_loss
 from replug_jax.models.bert import embed
 from replug_jax.models.params import split_params, to_module  # noqa: F401 (re-exported)
+from replug_jax.train.spec import ObjectiveConfig
 
 
 class TrainState(NamedTuple):
@@ -27,26 +28,12 @@ class TrainState(NamedTuple):
     step: jax.Array
 
 
-def make_schedule(cfg) -> optax.Schedule:
-    """The learning rate at each step: linear warmup over ``warmup_ratio`` of the steps to
-    ``learning_rate``, then linear decay to 0 (§5.2: 10 % warmup)."""
-    warmup = max(int(cfg.warmup_ratio * cfg.total_steps), 1)
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, cfg.learning_rate, warmup),
-         optax.linear_schedule(cfg.learning_rate, 0.0, max(cfg.total_steps - warmup, 1))],
-        [warmup])
-
-
-def make_optimizer(cfg) -> optax.GradientTransformation:
-    """Adam/AdamW on :func:`make_schedule`, after global-norm gradient clipping (§5.2: Adam,
-    2e-5)."""
-    schedule = make_schedule(cfg)
-    if cfg.optimizer == "adamw":
-        opt = optax.adamw(schedule, weight_decay=cfg.weight_decay)
-    else:
-        opt = optax.adam(schedule)
-    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-    return optax.chain(*chain, opt)
+def _loss(objective: ObjectiveConfig, s_BK, lm_BK, valid_BK):
+    """The LSR loss of retrieval scores against the LM's (Eq. 5 or the marginal likelihood)."""
+    if objective.objective == "marginal":
+        return marginal_nll_loss(s_BK, lm_BK, objective.gamma, valid_BK)
+    return lsr_loss(s_BK, lm_BK, objective.gamma, objective.beta, valid_BK,
+                    direction=objective.direction)
 
 
 def _entropy(log_p):
@@ -61,8 +48,9 @@ def resolve_remat(remat: bool | None, backend: str | None = None) -> bool:
     return (backend or jax.default_backend()) != "cpu"
 
 
-def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, pooling: str,
-                    normalize: bool):
+def make_train_step(graphdef, template, objective: ObjectiveConfig,
+                    tx: optax.GradientTransformation, pooling: str, normalize: bool, *,
+                    schedule: optax.Schedule, remat: bool | None = None):
     """Build the jitted ``train_step`` and a jitted ``scores_fn``.
 
     ``graphdef``/``template`` are the retriever's static structure (see :func:`split_params`);
@@ -72,12 +60,15 @@ def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, p
     Batch fields: ``query_ids/query_mask [B, Lq]``, ``doc_ids/doc_mask [B, K, Ld]``,
     ``doc_valid [B, K]`` (False for padding documents), ``lm_scores [B, K]``.
 
+    ``objective`` is the loss; ``tx`` the optimizer (``OptimConfig.build``) and ``schedule``
+    its learning rate, reported per step; ``remat`` recomputes the encoder's activations in
+    the backward pass (None: on accelerators, :func:`resolve_remat`).
+
     ``train_step`` donates the state it is given (its parameter and optimizer buffers are
     updated in place: on a CPU, allocating fresh ones each step cost as much as 15 % of the
     step); use the state it returns.
     """
-    schedule = make_schedule(cfg)
-    remat = resolve_remat(cfg.remat)
+    remat = resolve_remat(remat)
 
     def scores_fn(params, batch):
         encoder = to_module(graphdef, template, params)
@@ -91,20 +82,15 @@ def make_train_step(graphdef, template, cfg, tx: optax.GradientTransformation, p
 
     def loss_fn(params, batch):
         s_BK = scores_fn(params, batch)
-        if cfg.objective == "marginal":
-            loss = marginal_nll_loss(s_BK, batch["lm_scores"], cfg.gamma, batch["doc_valid"])
-        else:
-            loss = lsr_loss(s_BK, batch["lm_scores"], cfg.gamma, cfg.beta, batch["doc_valid"],
-                            direction=cfg.direction)
-        return loss, s_BK
+        return _loss(objective, s_BK, batch["lm_scores"], batch["doc_valid"]), s_BK
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def train_step(state: TrainState, batch: dict):
         (loss, s_BK), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        log_p, log_q = lsr_distributions(s_BK, batch["lm_scores"], cfg.gamma, cfg.beta,
-                                         batch["doc_valid"])
+        log_p, log_q = lsr_distributions(s_BK, batch["lm_scores"], objective.gamma,
+                                         objective.beta, batch["doc_valid"])
         metrics = {
             "loss": loss,
             "entropy_retriever": jnp.mean(_entropy(log_p)),
@@ -125,7 +111,8 @@ def init_state(params, tx) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
 
 
-def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool, k: int):
+def make_query_step(graphdef, template, objective: ObjectiveConfig, tx, pooling: str,
+                    normalize: bool, k: int, *, schedule: optax.Schedule):
     """The jitted LSR step with the query tower trained against given document embeddings
     of each query's whole pool (``batch["doc_emb"] [B, M, D]``, from the last refresh): the
     current query embeddings re-rank the pool, its top ``k`` (ties to the earlier candidate)
@@ -133,7 +120,6 @@ def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool, 
     (KL either way, or the marginal likelihood) is taken over them on
     ``s(d, x) = E(x) · E_stale(d)``. The choice of the top ``k`` carries no gradient (as
     retrieval from an index does not)."""
-    schedule = make_schedule(cfg)
 
     def loss_fn(params, batch):
         encoder = to_module(graphdef, template, params)
@@ -145,9 +131,7 @@ def make_query_step(graphdef, template, cfg, tx, pooling: str, normalize: bool, 
         s_BK = jnp.take_along_axis(s_BM, top_BK, axis=1)
         lm_BK = jnp.take_along_axis(batch["lm_scores"], top_BK, axis=1)
         valid_BK = jnp.take_along_axis(batch["doc_valid"], top_BK, axis=1)
-        if cfg.objective == "marginal":
-            return marginal_nll_loss(s_BK, lm_BK, cfg.gamma, valid_BK)
-        return lsr_loss(s_BK, lm_BK, cfg.gamma, cfg.beta, valid_BK, direction=cfg.direction)
+        return _loss(objective, s_BK, lm_BK, valid_BK)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def step(state, batch):

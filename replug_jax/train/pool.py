@@ -34,7 +34,12 @@ import numpy as np
 from replug_jax.eval.temperature import BranchCache, mixture_logliks
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.retrieval.index import corpus_text
-from replug_jax.train.config import MARGINAL_NEEDS_SUM, marginal_score_ok
+from replug_jax.train.spec import (
+    MARGINAL_NEEDS_SUM,
+    ObjectiveConfig,
+    OptimConfig,
+    marginal_score_ok,
+)
 from replug_jax.train.data import Example, batch_indices
 from replug_jax.train.pool_scoring import score_pairs
 
@@ -244,25 +249,18 @@ class PoolTrainConfig:
                              f"{self.select_on!r}")
         if self.eval_temperature < 0 or (self.eval_temperature == 0 and not self.tau_grid):
             raise ValueError("eval_temperature must be > 0, or 0 with a tau_grid to fit")
+        self.objective_config  # an unknown objective name fails here, not at training
 
+    @property
+    def objective_config(self) -> ObjectiveConfig:
+        """The loss's piece (``objective`` names the kind and direction:
+        :data:`~replug_jax.train.spec.OBJECTIVES`)."""
+        return ObjectiveConfig.named(self.objective, self.gamma, self.beta, self.lm_score)
 
-OBJECTIVES = {"kl_retriever_to_lm": ("kl", "retriever_to_lm"),
-              "kl_lm_to_retriever": ("kl", "lm_to_retriever"),
-              "marginal": ("marginal", None)}
-
-
-def _lsr_config(cfg: PoolTrainConfig):
-    """The fields :func:`~replug_jax.train.lsr.make_train_step` reads, from a pool config."""
-    from types import SimpleNamespace
-
-    if cfg.objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {cfg.objective!r}")
-    kind, direction = OBJECTIVES[cfg.objective]
-    return SimpleNamespace(objective=kind, direction=direction or "retriever_to_lm",
-                           gamma=cfg.gamma, beta=cfg.beta, learning_rate=cfg.learning_rate,
-                           warmup_ratio=cfg.warmup_ratio, total_steps=cfg.steps,
-                           grad_clip=cfg.grad_clip, optimizer="adam", weight_decay=0.0,
-                           remat=False)
+    @property
+    def optim_config(self) -> OptimConfig:
+        """The optimizer's piece: Adam, no weight decay (``optim_config.build(steps)``)."""
+        return OptimConfig("adam", self.learning_rate, 0.0, self.warmup_ratio, self.grad_clip)
 
 
 def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Example],
@@ -296,13 +294,13 @@ def train_on_pool(retriever, train_pool: ScoredPool, train_examples: Sequence[Ex
     from tqdm.auto import tqdm
 
     from replug_jax.models.params import split_params
-    from replug_jax.train.lsr import init_state, make_optimizer, make_query_step
+    from replug_jax.train.lsr import init_state, make_query_step
 
-    lcfg = _lsr_config(cfg)
     graphdef, template, params0 = split_params(retriever.model.encoder)
-    tx = make_optimizer(lcfg)
-    step_fn = make_query_step(graphdef, template, lcfg, tx, retriever.model.pooling,
-                              retriever.normalize, cfg.k)
+    tx = cfg.optim_config.build(cfg.steps)
+    step_fn = make_query_step(graphdef, template, cfg.objective_config, tx,
+                              retriever.model.pooling, retriever.normalize, cfg.k,
+                              schedule=cfg.optim_config.schedule(cfg.steps))
     state = init_state(params0, tx)
     lm_EM = train_pool.lm_scores(cfg.lm_score)
     valid_EM = train_pool.branches.doc_mask_NK
