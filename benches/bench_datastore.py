@@ -66,7 +66,7 @@ def child(argv: list[str]) -> None:
         out = {"build_s": time.perf_counter() - t0, "build_peak_rss_mib": peak_mib()}
     elif step == "search":
         from benches.synthetic import Generator
-        from replug_jax.retrieval.index import Index
+        from replug_jax.retrieval import Index
 
         queries = Generator().queries(QUERIES)
         rss0 = rss_mib()

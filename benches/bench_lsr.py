@@ -214,7 +214,7 @@ def retrieval_seconds(setup, n: int, k: int) -> float:
     import jax
     import jax.numpy as jnp
 
-    from replug_jax.retrieval.index import exact_topk, storage_dtype
+    from replug_jax.retrieval import exact_topk, storage_dtype
 
     b, d = setup.batch["query_ids"].shape[0], setup.retriever.dim
     q_BD = np.random.default_rng(1).normal(size=(b, d)).astype(np.float32)

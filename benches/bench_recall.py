@@ -30,7 +30,7 @@ def frontier(index, source, queries, exact, nprobes, reranks):
 
 def main(argv=None):
     from replug_jax.retrieval.corpus import Passage
-    from replug_jax.retrieval.index import EmbeddingSource, build_index
+    from replug_jax.retrieval import EmbeddingSource, build_index
     from replug_jax.retrieval.quality import exact_neighbours
 
     ap = argparse.ArgumentParser(description=__doc__,

@@ -1,4 +1,4 @@
-"""Training-time retrieval in JAX: exact top-k (:func:`~replug_jax.retrieval.index.exact_topk`,
+"""Training-time retrieval in JAX: exact top-k (:func:`~replug_jax.retrieval.jax_search.exact_topk`,
 two-stage per block) against FAISS ``IndexFlatIP`` on the same vectors in the same run, as a
 fraction of the machine's measured matmul peak, with the ids compared.
 
@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from benches.common import best_time, best_times, write  # noqa: E402
 from benches.synthetic import Generator  # noqa: E402
-from replug_jax.retrieval.index import (  # noqa: E402
+from replug_jax.retrieval import (  # noqa: E402
     exact_topk,
     shard_corpus,
     sharded_topk,

@@ -54,7 +54,7 @@ from replug_jax.eval.stats import bpb_difference, format_interval
 from replug_jax.fileio import write_json_atomic
 from replug_jax.retrieval.corpus import chunk_documents, leakage_exclusions, read_documents
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.retrieval.index import Index, corpus_text
+from replug_jax.retrieval import Index, corpus_text
 from replug_jax.timing import Timer
 from replug_jax.train.data import lm_examples
 from replug_jax.train.pool import (

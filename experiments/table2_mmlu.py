@@ -27,7 +27,7 @@ from experiments.configs.table2_mmlu import CONFIGS
 from experiments.lib.datasets import wikipedia_passages
 from replug_jax.eval.mmlu import CATEGORIES, MMLUEvaluator, load_mmlu
 from replug_jax.replug import Replug
-from replug_jax.retrieval.index import index_in_memory
+from replug_jax.retrieval import index_in_memory
 from replug_jax.timing import Timer
 
 DIFFERENCES = (

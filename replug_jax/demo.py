@@ -35,7 +35,7 @@ def run_demo(index_dir: pathlib.Path, *, retriever: str = DEFAULT_RETRIEVER,
     from replug_jax.replug import Replug
     from replug_jax.retrieval.corpus import corpus_checksum, demo_corpus
     from replug_jax.retrieval.encoder import Retriever
-    from replug_jax.retrieval.index import Index, IndexLoadError, build_index
+    from replug_jax.retrieval import Index, IndexLoadError, build_index
 
     t0 = time.perf_counter()
     passages = demo_corpus(size=PASSAGE_WORDS)

@@ -47,7 +47,7 @@ from replug_jax.results import (  # noqa: F401 (the pipeline's result types, re-
     source_of,
     summarize,
 )
-from replug_jax.retrieval.index import corpus_text, per_query_exclusions
+from replug_jax.retrieval import corpus_text, per_query_exclusions
 
 MODES = ("replug", "none", "concat", "top1", "random")
 

@@ -83,7 +83,7 @@ def test_api_pipeline_marks_top_n_ensemble_as_approximate(served):
     lm, url = served
     from replug_jax.retrieval.corpus import Passage
     from replug_jax.retrieval.encoder import Retriever
-    from replug_jax.retrieval.index import Index
+    from replug_jax.retrieval import Index
 
     retriever = Retriever.load("minilm")
     docs = ["Berlin is the capital of Germany.", "Paris is the capital of France."]

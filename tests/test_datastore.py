@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replug_jax.retrieval.corpus import CorpusError, Passage, iter_chunks, iter_documents
-from replug_jax.retrieval.index import (
+from replug_jax.retrieval import (
     DeviceIndex,
     EmbeddingSource,
     Index,
@@ -264,7 +264,7 @@ def test_no_warning_at_interpreter_exit_from_open_embedding_files(tmp_path):
     import sys
 
     np.save(tmp_path / "emb.npy", clustered(10))
-    code = ("from replug_jax.retrieval.index import NpyRows; import sys; "
+    code = ("from replug_jax.retrieval import NpyRows; import sys; "
             f"r = NpyRows({str(tmp_path / 'emb.npy')!r}); sys.modules['keep'] = r")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
@@ -544,7 +544,7 @@ def test_two_stage_topk_equals_exact_topk(bins, bin_rows, extra, k, ties, seed):
     """Per-bin maxima → top-k bins → top-k of their members gives the exact top-k values
     (with heavy ties too: integer scores; a short last bin too), and the rows returned hold
     those values, each once."""
-    from replug_jax.retrieval.index import two_stage_topk
+    from replug_jax.retrieval import two_stage_topk
 
     rng = np.random.default_rng(seed)
     n = bins * bin_rows + extra % bin_rows
@@ -559,7 +559,7 @@ def test_two_stage_topk_equals_exact_topk(bins, bin_rows, extra, k, ties, seed):
 
 
 def test_storage_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators():
-    from replug_jax.retrieval.index import storage_dtype
+    from replug_jax.retrieval import storage_dtype
 
     assert storage_dtype("cpu") == "float32"
     assert storage_dtype("gpu") == storage_dtype("tpu") == "bfloat16"

@@ -57,7 +57,7 @@ def tiny_pipe():
     from replug_jax.eval.perplexity import split_wikitext
     from replug_jax.replug import Replug
     from replug_jax.retrieval.corpus import chunk_documents
-    from replug_jax.retrieval.index import Index
+    from replug_jax.retrieval import Index
     from tests._models import tiny_lm, tiny_retriever
 
     docs = split_wikitext(WIKI)
@@ -226,7 +226,7 @@ def test_qa_evaluator_rows_and_resume(tmp_path):
 def test_retrieval_evaluator_recall_by_hand():
     from replug_jax.eval.gold_recall import RetrievalEvaluator
     from replug_jax.retrieval.corpus import Passage
-    from replug_jax.retrieval.index import Index
+    from replug_jax.retrieval import Index
 
     class Encoder:
         def encode_queries(self, texts):
@@ -251,7 +251,7 @@ def test_qa_layouts_put_the_demonstrations_before_or_after_the_document():
     from replug_jax.eval.qa import QAEvaluator
     from replug_jax.replug import Replug
     from replug_jax.retrieval.corpus import Passage
-    from replug_jax.retrieval.index import index_in_memory
+    from replug_jax.retrieval import index_in_memory
 
     lm, retriever = tiny_lm(0), tiny_retriever(0)
     passages = [Passage(i, t, "") for i, t in enumerate(["Paris is in France.", "Rome is old."])]
@@ -286,7 +286,7 @@ def test_questions_batched_per_call_equal_one_at_a_time(layout):
     from replug_jax.eval.qa import QAEvaluator
     from replug_jax.replug import Replug
     from replug_jax.retrieval.corpus import Passage
-    from replug_jax.retrieval.index import index_in_memory
+    from replug_jax.retrieval import index_in_memory
 
     lm, retriever = tiny_lm(0), tiny_retriever(0)
     texts = ["Paris is in France.", "Rome is old.", "The Nile is long.", "Ice is cold."]

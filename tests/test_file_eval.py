@@ -20,7 +20,7 @@ from replug_jax.eval.perplexity import WindowSettings, evaluate_lm
 from replug_jax.eval.temperature import fit_temperature
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Document, Passage
-from replug_jax.retrieval.index import index_in_memory
+from replug_jax.retrieval import index_in_memory
 from tests._models import save_tiny_bert, tiny_lm, tiny_retriever
 
 pytestmark = pytest.mark.models

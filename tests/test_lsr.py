@@ -295,7 +295,7 @@ def test_supervision_scores_the_prompts_replug_serves(tmp_path, monkeypatch):
     and the same document cut to the same LM context (one builder), long documents included."""
     from replug_jax.prompts import document_prompt
     from replug_jax.replug import Replug
-    from replug_jax.retrieval.index import index_in_memory
+    from replug_jax.retrieval import index_in_memory
     from replug_jax.train.data import qa_examples
     from replug_jax.train.supervision import LMScoreCache, lm_scores
 
@@ -397,7 +397,7 @@ def test_train_step_scores_documents_as_the_index_does_for_dot_on_a_normalising_
     """similarity='dot' on a model that declares L2 normalisation (as MiniLM does): the index
     (Retriever.encode) and the LSR step used to disagree, normalising in one and not the other."""
     from replug_jax.models.params import split_params
-    from replug_jax.retrieval.index import corpus_text
+    from replug_jax.retrieval import corpus_text
 
     retriever = tiny_retriever(0, similarity="dot")
     retriever.model.normalize = True
@@ -423,7 +423,7 @@ def test_golden_train_step():
     """Fixed inputs -> fixed loss and parameter change over two steps (nanodo's train test):
     a refactor that changes the update fails here. Recorded on CPU float32."""
     from replug_jax.models.params import split_params
-    from replug_jax.retrieval.index import corpus_text
+    from replug_jax.retrieval import corpus_text
     from replug_jax.train.lsr import init_state
 
     retriever = tiny_retriever(0)

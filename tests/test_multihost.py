@@ -33,7 +33,7 @@ _PRELUDE = textwrap.dedent("""
 """)
 
 _TOPK = textwrap.dedent("""
-    from replug_jax.retrieval.index import corpus_rows, shard_corpus, sharded_topk
+    from replug_jax.retrieval import corpus_rows, shard_corpus, sharded_topk
     from replug_jax.sharding import host_copy, make_mesh
     from tests.test_datastore import clustered
     emb, queries = clustered(1003, d=32), clustered(16, d=32, seed=2)
@@ -111,7 +111,7 @@ def _need_eight():
 @pytest.mark.slow
 def test_two_processes_sharded_topk_equals_one_process(tmp_path):
     _need_eight()
-    from replug_jax.retrieval.index import shard_corpus, sharded_topk
+    from replug_jax.retrieval import shard_corpus, sharded_topk
     from replug_jax.sharding import make_mesh
     from tests.test_datastore import clustered
 
@@ -170,7 +170,7 @@ def test_two_process_index_build_splits_embedding_and_shards(tmp_path):
 
     packaged_or_skip("minilm")
     from replug_jax.cli import main
-    from replug_jax.retrieval.index import Index
+    from replug_jax.retrieval import Index
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"id": str(i), "text": f"Fact {i}: the number {i} "

@@ -7,7 +7,7 @@ from replug_jax.lm.flax_scorer import FlaxLM
 from replug_jax.replug import Branches, Replug, summarize
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.retrieval.index import Index
+from replug_jax.retrieval import Index
 from tests._models import packaged_or_skip
 
 pytestmark = pytest.mark.models

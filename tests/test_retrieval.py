@@ -15,7 +15,7 @@ from replug_jax.retrieval.corpus import (
     read_documents,
 )
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.retrieval.index import Index, IndexLoadError, build_index, exact_topk
+from replug_jax.retrieval import Index, IndexLoadError, build_index, exact_topk
 from tests._models import packaged_or_skip, save_tiny_bert
 
 
@@ -249,7 +249,7 @@ def test_nq_gold_passage_recall_at_5(shared_data, minilm):
 def test_an_experiment_index_equals_the_cli_index_over_the_same_passages(tmp_path, minilm):
     """Experiments used to embed ``p.text`` while the CLI embeds the title too."""
     from replug_jax.retrieval.corpus import Passage
-    from replug_jax.retrieval.index import index_in_memory
+    from replug_jax.retrieval import index_in_memory
 
     passages = [Passage(i, f"Fact {i} about the river.", title=f"River {i}") for i in range(6)]
     on_disk = build_index(passages, minilm, tmp_path / "idx", progress=False)

@@ -19,7 +19,7 @@ def test_exact_search_over_duplicated_vectors_has_recall_one(tmp_path):
     """Rows tied with the exact top-k are hits (before: a Flat index over triplicated
     vectors measured recall@10 0.92 against itself)."""
     from replug_jax.retrieval.embeddings import EmbeddingSource
-    from replug_jax.retrieval.index import build_index
+    from replug_jax.retrieval import build_index
     from replug_jax.retrieval.quality import exact_neighbours, measure
 
     emb, passages = _dup_corpus(tmp_path)
@@ -46,7 +46,7 @@ def test_recall_interval_keeps_its_coverage_at_the_boundary():
 
 def test_tuning_refuses_targets_its_queries_cannot_certify(tmp_path):
     from replug_jax.retrieval.embeddings import EmbeddingSource
-    from replug_jax.retrieval.index import build_index
+    from replug_jax.retrieval import build_index
     from replug_jax.retrieval.quality import exact_neighbours, tune
 
     emb, passages = _dup_corpus(tmp_path)
@@ -62,7 +62,7 @@ def test_tune_refuses_embeddings_the_index_was_not_built_from(tmp_path):
     """A wrong file of the right shape once measured recall 0.002 and rewrote nprobe."""
     import json
 
-    from replug_jax.retrieval.index import build_index
+    from replug_jax.retrieval import build_index
     from replug_jax.retrieval.quality import tune_index
 
     emb, passages = _dup_corpus(tmp_path)

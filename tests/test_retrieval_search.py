@@ -18,7 +18,7 @@ def test_exact_topk_never_returns_rows_past_the_corpus():
 
 def test_non_finite_vectors_and_queries_are_refused():
     from replug_jax.retrieval.corpus import Passage
-    from replug_jax.retrieval.index import DeviceIndex, Index
+    from replug_jax.retrieval import DeviceIndex, Index
     from replug_jax.sharding import make_mesh
 
     rng = np.random.default_rng(0)

@@ -15,7 +15,7 @@ from replug_jax.eval.temperature import (
 )
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage
-from replug_jax.retrieval.index import index_in_memory
+from replug_jax.retrieval import index_in_memory
 from tests._models import tiny_lm, tiny_retriever
 
 PASSAGES = [Passage(i, f"Passage {i} is about topic number {i} and the river {i % 3}.")

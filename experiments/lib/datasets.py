@@ -11,7 +11,7 @@ from experiments.lib.common import load_retriever, require_data
 from replug_jax.eval.perplexity import WindowSettings, split_wikitext
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, chunk_documents
-from replug_jax.retrieval.index import index_in_memory
+from replug_jax.retrieval import index_in_memory
 
 
 def load_nq():

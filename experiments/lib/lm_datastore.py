@@ -45,7 +45,7 @@ from replug_jax.retrieval.corpus import (
     corpus_checksum,
     leakage_exclusions,
 )
-from replug_jax.retrieval.index import Index, index_in_memory
+from replug_jax.retrieval import Index, index_in_memory
 
 SOURCES = ("none", "replug", "random", "concat", "control_replug", "control_random")
 _CONTROL = {"control_replug": "replug", "control_random": "random"}

@@ -79,7 +79,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from replug_jax.retrieval.index import Index
+    from replug_jax.retrieval import Index
     from replug_jax.retrieval.quality import describe
 
     facts = Index.info(args.index)
@@ -116,7 +116,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from replug_jax.retrieval.index import Index
+    from replug_jax.retrieval import Index
 
     report = Index.verify(args.index)
     emit(args, {"index": str(args.index), "ok": True, **report},

@@ -29,7 +29,7 @@ import numpy as np
 from replug_jax.fileio import write_json_atomic, write_text_atomic
 from replug_jax.retrieval.corpus import Passage, leakage_exclusions
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.retrieval.index import DeviceIndex, Index, corpus_text
+from replug_jax.retrieval import DeviceIndex, Index, corpus_text
 from replug_jax.retrieval.store import PassageStore
 from replug_jax.sharding import host_copy, local_rows, make_mesh, replicate, shard_batch
 from replug_jax.train.checkpoint import Checkpoints

@@ -33,7 +33,7 @@ import numpy as np
 
 from replug_jax.eval.temperature import BranchCache, mixture_logliks
 from replug_jax.fileio import atomic_path, write_json_atomic
-from replug_jax.retrieval.index import corpus_text
+from replug_jax.retrieval import corpus_text
 from replug_jax.train.spec import (
     MARGINAL_NEEDS_SUM,
     ObjectiveConfig,

@@ -43,7 +43,7 @@ class Prefetcher:
         """Off where the prediction's retrieval would be a collective (a JAX index sharded
         over several processes: a worker thread must not join collectives the main thread
         runs); with a FAISS index every process predicts its own rows locally."""
-        from replug_jax.retrieval.index import DeviceIndex
+        from replug_jax.retrieval import DeviceIndex
 
         t = self.trainer
         return t.cfg.lm_prefetch and not (t.pcount > 1 and isinstance(t.index, DeviceIndex))

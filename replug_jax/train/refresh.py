@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replug_jax.fileio import atomic_path
-from replug_jax.retrieval.index import DeviceIndex, Index, corpus_rows
+from replug_jax.retrieval import DeviceIndex, Index, corpus_rows
 from replug_jax.retrieval.store import PassageStore, PassageTexts
 
 

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from replug_jax.prompts import document_budget, document_prompt
-from replug_jax.retrieval.index import corpus_text
+from replug_jax.retrieval import corpus_text
 from replug_jax.train.data import Example
 
 

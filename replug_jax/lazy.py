@@ -1,0 +1,22 @@
+"""The one style of a package's front door: its public names, each imported from the module
+that defines it on first use (PEP 562), so that importing the package loads nothing heavy
+(``from replug_jax.models import DEFAULT_LM`` loads no JAX)."""
+
+from __future__ import annotations
+
+import importlib
+
+
+def exports(package: str, where: dict[str, str]):
+    """``(__getattr__, __dir__, __all__)`` for ``package``: ``where`` maps each public name
+    to the submodule that defines it."""
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{where[name]}"), name)
+        globals_of_package = importlib.import_module(package).__dict__
+        globals_of_package[name] = value  # later lookups skip __getattr__
+        return value
+
+    names = sorted(where)
+    return __getattr__, (lambda: names), names
