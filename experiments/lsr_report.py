@@ -78,7 +78,8 @@ def main(argv=None):
     cost = (f" Supervision: {payload['lm_seconds_per_step']:.1f} s of LM scoring per step"
             + (f"; the candidate pool (top-{prescore['pool']} of {prescore['examples']} "
                f"examples, {prescore['new_pairs']} pairs) was scored up front in "
-               f"{prescore['seconds']:.0f} s ({prescore['seconds'] / max(prescore['new_pairs'], 1):.2f}"
+               f"{prescore['seconds']:.0f} s "
+               f"({prescore['seconds'] / max(prescore['new_pairs'], 1):.2f}"
                " s per pair)" if prescore else "")
             + (f"; pairs scored inside steps cost {per_pair_step:.2f} s each"
                if per_pair_step else "; no pair had to be scored inside a step") + ".")

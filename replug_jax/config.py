@@ -1,5 +1,10 @@
 """One way to configure a run: a file of named variants, ``file.py:variant`` or
-``file.json:variant``, and ``--set key=value`` overrides coerced to each field's type.
+``file.json:variant``, and ``--set key=value`` overrides coerced to each field's type. A
+config class that groups its fields into pieces (``PIECES = {"objective": {"gamma":
+"gamma", ...}, "lm": {"dtype": "lm_dtype", ...}}``: a piece's name for each field it holds)
+also takes dotted keys, ``objective.gamma=1``, ``lm.dtype=bfloat16`` or ``{"objective":
+{"gamma": 1}}``: the field is stored flat, so every config written before the pieces existed
+loads and hashes as it did.
 ``replug train-lsr`` and every experiment script use it, and every problem is a
 :class:`ConfigError` naming the key.
 
@@ -72,16 +77,45 @@ def coerce(field: dataclasses.Field, text: str):
     return value
 
 
+def flat_key(cls, key: str) -> str:
+    """The field a key names: itself, or for ``piece.name`` the field ``cls.PIECES[piece]``
+    maps ``name`` to (a :class:`ConfigError` naming the nearest known keys otherwise)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    pieces = getattr(cls, "PIECES", {})
+    piece, dot, name = key.partition(".")
+    if dot and piece in pieces:
+        if name in pieces[piece]:
+            return pieces[piece][name]
+        raise ConfigError(f"unknown config key {key!r}"
+                          f"{_nearest(key, [f'{piece}.{n}' for n in pieces[piece]])}")
+    if key not in names:
+        dotted = [f"{p}.{n}" for p, members in pieces.items() for n in members]
+        raise ConfigError(f"unknown config key {key!r}{_nearest(key, names + dotted)}")
+    return key
+
+
+def flatten(cls, values: dict) -> dict:
+    """A dict of fields with its pieces' nested dicts and dotted keys made flat."""
+    pieces, flat = getattr(cls, "PIECES", {}), {}
+    for key, value in values.items():
+        if key in pieces and isinstance(value, dict):
+            for name, inner in value.items():
+                flat[flat_key(cls, f"{key}.{name}")] = inner
+        else:
+            flat[flat_key(cls, key)] = value
+    return flat
+
+
 def apply_overrides(cfg, overrides: typing.Iterable[str]):
-    """``cfg`` with ``key=value`` overrides applied (later ones win)."""
+    """``cfg`` with ``key=value`` overrides applied (later ones win); ``piece.name=value``
+    sets a piece's field (:func:`flat_key`)."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     changes = {}
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} is not key=value")
-        if key not in fields:
-            raise ConfigError(f"unknown config key {key!r}{_nearest(key, fields)}")
+        key = flat_key(type(cfg), key)
         changes[key] = coerce(fields[key], text)
     try:
         return dataclasses.replace(cfg, **changes)
@@ -162,13 +196,12 @@ def select(configs: dict, variant: str, overrides: typing.Iterable[str] = (), *,
     if isinstance(cfg, dict):
         if cls is None:
             raise ConfigError(f"{where}{variant}: a dict variant needs a config class")
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(cfg) - set(names))
-        if unknown:
-            raise ConfigError(f"{where}{variant}: unknown config key {unknown[0]!r}"
-                              f"{_nearest(unknown[0], names)}")
         try:
-            cfg = cls(**cfg)
+            values = flatten(cls, cfg)
+        except ConfigError as err:
+            raise ConfigError(f"{where}{variant}: {err}") from None
+        try:
+            cfg = cls(**values)
         except ValueError as err:
             raise ConfigError(str(err)) from err
     return apply_overrides(cfg, overrides)

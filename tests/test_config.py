@@ -72,3 +72,32 @@ def test_both_trainers_hand_the_same_pieces_to_the_step():
         OptimConfig(warmup_ratio=1.0)
     schedule = OptimConfig(learning_rate=1.0, warmup_ratio=0.5).schedule(10)
     assert [float(schedule(s)) for s in (0, 5, 10)] == [0.0, 1.0, 0.0]
+
+
+def test_dotted_keys_set_a_pieces_field_and_old_flat_configs_hash_as_before(tmp_path):
+    """``objective.gamma=1`` (CLI), ``{"objective": {"gamma": 1}}`` (JSON) and the flat
+    ``gamma=1`` of configs written before the pieces are one config with one fingerprint."""
+    from replug_jax.config import ConfigError, load
+    from replug_jax.train.config import LSRConfig, apply_overrides
+    from replug_jax.train.pool import PoolTrainConfig
+
+    flat = LSRConfig(gamma=1.0, lm_dtype="bfloat16", index_factory="IVF16,Flat",
+                     learning_rate=1e-4)
+    dotted = apply_overrides(LSRConfig(), ["objective.gamma=1", "lm.dtype=bfloat16",
+                                           "index.factory=IVF16,Flat",
+                                           "optim.learning_rate=1e-4"])
+    assert dotted == flat and dotted.fingerprint() == flat.fingerprint()
+    assert dotted.objective_config.gamma == 1.0 and dotted.optim_config.learning_rate == 1e-4
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"objective": {"gamma": 1.0}, "lm": {"dtype": "bfloat16"}, '
+                      '"index.factory": "IVF16,Flat", "learning_rate": 1e-4}')
+    assert load(str(nested), cls=LSRConfig)[0] == flat
+    with pytest.raises(ConfigError, match="unknown config key 'objective.gama'; did you mean "
+                                          "'objective.gamma'"):
+        apply_overrides(LSRConfig(), ["objective.gama=1"])
+    with pytest.raises(ConfigError, match="gamma and beta must be > 0"):
+        apply_overrides(LSRConfig(), ["objective.gamma=0"])
+    pool = apply_overrides(PoolTrainConfig(), ["objective.beta=0.5", "optim.grad_clip=0"])
+    assert (pool.beta, pool.grad_clip, pool.objective_config.beta) == (0.5, 0.0, 0.5)
+    with pytest.raises(ConfigError, match="unknown config key 'lm.dtype'"):
+        apply_overrides(PoolTrainConfig(), ["lm.dtype=bfloat16"])

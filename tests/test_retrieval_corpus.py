@@ -57,7 +57,8 @@ def test_duplicate_document_ids_are_named(tmp_path):
     from replug_jax.retrieval.corpus import read_documents
 
     path = tmp_path / "dup.jsonl"
-    path.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n{"id": "a", "text": "z"}\n')
+    path.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n'
+                    '{"id": "a", "text": "z"}\n')
     with pytest.warns(UserWarning, match="1 document\\(s\\) repeat the id"):
         read_documents(path)
 

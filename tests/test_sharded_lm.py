@@ -163,7 +163,8 @@ def test_lazy_tensor_reads_only_the_asked_block(llama_dir, monkeypatch):
 
     monkeypatch.setattr(LazyTensor, "__getitem__", spy)
     load_lm(str(llama_dir), dtype="float32", mesh=make_mesh(shape={"model": 8}))
-    q_reads = [(n, size) for n, size, whole in seen if n.endswith("layers.0.self_attn.q_proj.weight")]
+    q_reads = [(n, size) for n, size, whole in seen
+               if n.endswith("layers.0.self_attn.q_proj.weight")]
     assert len(q_reads) == 8 and all(size == 64 * 64 // 8 for _, size in q_reads)
     assert max(size / whole for _, size, whole in seen if "proj" in _) <= 1.0
 

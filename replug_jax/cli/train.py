@@ -68,7 +68,9 @@ def add_parsers(sub) -> None:
     tr.add_argument("--workdir", required=True, type=pathlib.Path,
                     help="run directory: checkpoints, index versions, metrics, LM-score cache")
     tr.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                    help="override config fields, e.g. --set k=10 gamma=0.5 (repeatable)")
+                    help="override config fields, e.g. --set k=10 gamma=0.5, or a piece's field "
+                         "by a dotted key: objective.gamma=1, optim.learning_rate=1e-5, "
+                         "lm.dtype=bfloat16, index.factory=IVF4096,Flat (repeatable)")
     tr.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
                     help="the in-process LM's dtype (the config's lm_dtype; default auto: "
                          "bfloat16 on GPUs and TPUs, float32 on a CPU)")

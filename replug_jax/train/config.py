@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Literal
+from typing import ClassVar, Literal
 
 from replug_jax import config
 from replug_jax.mesh_spec import parse_mesh
@@ -21,6 +21,21 @@ from replug_jax.train.spec import (  # noqa: F401 (MARGINAL_NEEDS_SUM re-exporte
 
 @dataclasses.dataclass(frozen=True)
 class LSRConfig:
+    # the typed pieces (train/spec.py) and the settings of the LM and the index, as dotted
+    # keys: `--set objective.gamma=1`, `lm.dtype=bfloat16`, `index.factory=IVF4096,Flat`
+    PIECES: ClassVar[dict] = {
+        "objective": {n: n for n in ("objective", "direction", "gamma", "beta", "lm_score")},
+        "optim": {n: n for n in ("optimizer", "learning_rate", "weight_decay", "warmup_ratio",
+                                 "grad_clip")},
+        "lm": {"name": "lm", "api_base": "lm_api_base", "api_concurrency": "lm_api_concurrency",
+               "api_batch_size": "lm_api_batch_size", "prefetch": "lm_prefetch",
+               "dtype": "lm_dtype", "mesh": "lm_mesh", "tokens_per_batch": "lm_tokens_per_batch",
+               "max_context": "lm_max_context"},
+        "index": {"factory": "index_factory", "backend": "index_backend",
+                  "dtype": "index_dtype", "refresh_every": "refresh_every",
+                  "refresh_mode": "refresh_mode", "refresh_lag": "refresh_lag",
+                  "refresh_devices": "refresh_devices", "prescore_pool": "prescore_pool"},
+    }
     # models
     retriever: str = "facebook/contriever"  # paper: Contriever
     lm: str = DEFAULT_LM  # paper: GPT-3 Curie (any LMScorer works; an API via lm_api_base)

@@ -26,7 +26,7 @@ import dataclasses
 import json
 import pathlib
 import time
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import jax
 import numpy as np
@@ -209,6 +209,12 @@ def bits_per_byte(logliks_E: np.ndarray, bytes_E: np.ndarray) -> float:
 @dataclasses.dataclass(frozen=True)
 class PoolTrainConfig:
     """One LSR run on a pool (the study varies ``objective``, ``gamma``, ``beta``)."""
+
+    # dotted keys for the spec's pieces (replug_jax.config): `objective.gamma=1`
+    PIECES: ClassVar[dict] = {
+        "objective": {n: n for n in ("objective", "gamma", "beta", "lm_score")},
+        "optim": {n: n for n in ("learning_rate", "warmup_ratio", "grad_clip")},
+    }
 
     objective: str = "kl_retriever_to_lm"  # | kl_lm_to_retriever | marginal
     gamma: float = 0.1  # supervision temperature of P_R (§4.1, Eq. 3)

@@ -59,7 +59,8 @@ def comparison_from_eval(results_path: str | pathlib.Path, fingerprint: str,
     ret = systems[compared].get("retriever") or {}
     tested = ret.get("query_fingerprint", ret.get("fingerprint"))
     if tested != fingerprint:
-        raise ValueError(f"{path}: tested the retriever {ret.get('query_source', ret.get('source'))!r}"
+        source = ret.get("query_source", ret.get("source"))
+        raise ValueError(f"{path}: tested the retriever {source!r}"
                          f", whose weights are not these (fingerprint {str(tested)[:12]} vs "
                          f"{fingerprint[:12]}); evaluate the exported folder itself")
     metric = metric or ("answer_loglik" if report["kind"] == "qa" else "bits_per_byte")
