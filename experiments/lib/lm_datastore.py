@@ -36,7 +36,7 @@ import numpy as np
 from experiments.lib.common import ROOT, load_retriever, require_data
 from replug_jax.core.ensemble import mixture_logprobs, retrieval_log_weights
 from replug_jax.eval.perplexity import WindowSettings, sliding_windows, split_wikitext
-from replug_jax.fileio import write_text_atomic
+from replug_jax.fileio import atomic_path, write_text_atomic
 from replug_jax.replug import Replug
 from replug_jax.retrieval.build import build_index
 from replug_jax.retrieval.corpus import (
@@ -267,9 +267,8 @@ def cache_folder(cfg, st: Setup, source: str = "none") -> pathlib.Path:
 
 
 def _save_npz(path: pathlib.Path, **arrays) -> None:
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    tmp.replace(path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez_compressed(f, **arrays)
 
 
 def score_windows(cfg, st: Setup, sources, progress: bool = True) -> dict:
