@@ -35,6 +35,7 @@ from experiments.configs.temperature_sweep import CONFIGS
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.timing import Timer
 from replug_jax.train.config import load_config
+from replug_jax.train.spec import ObjectiveConfig
 from replug_jax.fileio import read_jsonl
 from replug_jax.train.data import qa_examples, read_demonstrations
 from replug_jax.train.loop import LSRTrainer
@@ -87,6 +88,13 @@ def sweep_base(sweep, root: pathlib.Path):
         batch_size=sweep.batch_size, total_steps=sweep.total_steps,
         refresh_every=sweep.total_steps, checkpoint_every=sweep.total_steps,
         refresh_mode="sync", learning_rate=sweep.learning_rate, num_devices=1)
+
+
+def grid(sweep, base: ObjectiveConfig) -> list[ObjectiveConfig]:
+    """The swept objectives: ``base`` at every (direction, γ, β) of the sweep, in that order."""
+    return [dataclasses.replace(base, direction=direction, gamma=gamma, beta=beta)
+            for direction, gamma, beta in itertools.product(sweep.directions, sweep.gammas,
+                                                            sweep.betas)]
 
 
 def train_one(cfg, workdir: pathlib.Path, shared_cache: pathlib.Path, lm, passages, train, dev,
@@ -152,12 +160,11 @@ def main(argv=None):
     shots = read_demonstrations(common.qa_demonstrations) if common.qa_demonstrations else []
     train, dev = qa_examples(common.data, shots), qa_examples(common.dev_data, shots)
     with Timer() as sw:
-        runs = [train_one(dataclasses.replace(common, gamma=gamma, beta=beta,
-                                              direction=direction),
-                          root / f"{direction}_g{gamma}_b{beta}", root / "lm_scores.sqlite",
-                          lm, passages, train, dev, not args.no_progress)
-                for direction, gamma, beta in itertools.product(sweep.directions,
-                                                                sweep.gammas, sweep.betas)]
+        runs = [train_one(common.with_objective(objective),
+                          root / f"{objective.direction}_g{objective.gamma}_b{objective.beta}",
+                          root / "lm_scores.sqlite", lm, passages, train, dev,
+                          not args.no_progress)
+                for objective in grid(sweep, common.objective_config)]
     table = [(r["direction"], r["gamma"], r["beta"], f"{r['loss_first']:.4f}",
               f"{r['loss_last']:.4f}", f"{r['agreement_mean']:.2f}",
               f"{r['dev_final'].get('recall@1', float('nan')):.3f}",

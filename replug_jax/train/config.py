@@ -202,6 +202,10 @@ class LSRConfig:
         return ObjectiveConfig(self.objective, self.direction, self.gamma, self.beta,
                                self.lm_score)
 
+    def with_objective(self, objective: ObjectiveConfig) -> "LSRConfig":
+        """This config minimising ``objective`` instead (its fields stored flat)."""
+        return dataclasses.replace(self, **dataclasses.asdict(objective))
+
     @property
     def optim_config(self) -> OptimConfig:
         """The optimizer's piece (``optim_config.build(total_steps)``)."""
