@@ -16,15 +16,6 @@ os.environ["XLA_FLAGS"] = " ".join(
     [f for f in os.environ.get("XLA_FLAGS", "").split()
      if not f.startswith("--xla_force_host_platform_device_count")]
     + ["--xla_force_host_platform_device_count=8"])
-# Tests check results, not speed: XLA:CPU's LLVM backend at -O0 compiles a program in ~40 %
-# less time (SmolLM2's scoring program: 23 -> 13 s on 2 cores, the same run time: its
-# matmuls are library calls) and gives the same results to float rounding. Compilation is most
-# of the suite's time on a cold CI machine. Benchmarks and users keep XLA's default; a level
-# set outside wins. Processes the tests start inherit it (TEST_XLA_FLAGS for those that set
-# their own XLA_FLAGS).
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " " + TEST_XLA_FLAGS
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

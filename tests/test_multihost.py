@@ -20,8 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PRELUDE = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
-    os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 "
-                               "--xla_backend_optimization_level=0")  # as conftest's
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     os.environ["HF_HUB_OFFLINE"] = "1"
     import jax
     import numpy as np
