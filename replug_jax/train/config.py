@@ -24,9 +24,8 @@ class LSRConfig:
     # the typed pieces (train/spec.py) and the settings of the LM and the index, as dotted
     # keys: `--set objective.gamma=1`, `lm.dtype=bfloat16`, `index.factory=IVF4096,Flat`
     PIECES: ClassVar[dict] = {
-        "objective": {n: n for n in ("objective", "direction", "gamma", "beta", "lm_score")},
-        "optim": {n: n for n in ("optimizer", "learning_rate", "weight_decay", "warmup_ratio",
-                                 "grad_clip")},
+        "objective": {f.name: f.name for f in dataclasses.fields(ObjectiveConfig)},
+        "optim": {f.name: f.name for f in dataclasses.fields(OptimConfig)},
         "lm": {"name": "lm", "api_base": "lm_api_base", "api_concurrency": "lm_api_concurrency",
                "api_batch_size": "lm_api_batch_size", "prefetch": "lm_prefetch",
                "dtype": "lm_dtype", "mesh": "lm_mesh", "tokens_per_batch": "lm_tokens_per_batch",
