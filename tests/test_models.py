@@ -513,3 +513,27 @@ def test_retriever_loading_enters_each_models_module_once():
     used = {c[2] for c in calls if c[:2] == ("weights", "bert")}
     assert used <= {"config_from_hf", "hf_tensors", "hf_name_map", "hf_ignored", "build"}, used
     assert not [c for c in calls if c[1] == "__init__" and c[0] != "__init__"], calls
+
+
+def test_decoder_compiles_one_layer_whatever_its_depth():
+    """The blocks are stacked and scanned: the lowered forward holds one layer's matmuls
+    whether the model has 2 layers or 6, and the deeper model still computes 6 layers (its
+    logits differ from the 2-layer prefix of the same weights)."""
+    from flax import nnx
+
+    from replug_jax.models.decoder import CausalLM, DecoderConfig, functional
+
+    def lowered(num_layers):
+        cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                            num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=8,
+                            max_position=32)
+        apply, state = functional(CausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0)))
+        tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
+        positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+        text = apply.lower(state, tokens, positions).as_text()
+        return text.count("dot_general"), apply(state, tokens, positions)[0]
+
+    dots_2, logits_2 = lowered(2)
+    dots_6, logits_6 = lowered(6)
+    assert dots_2 == dots_6 >= 5  # q, k, v, o, MLP (fused or not), attention, the head
+    assert np.abs(np.asarray(logits_6) - np.asarray(logits_2)).max() > 1e-3

@@ -55,7 +55,10 @@ def write_hf_decoder(directory: pathlib.Path, hf: dict, seed: int = 0) -> pathli
     tensors: dict[str, np.ndarray] = {}
     parts: dict[str, dict[int, np.ndarray]] = {}
     for path, (name, transform) in arch.hf_name_map(cfg).items():
-        value = np.asarray(flat[path][...], np.float32)
+        if path in flat:
+            value = np.asarray(flat[path][...], np.float32)
+        else:  # layers/3/attn/q/kernel: layer 3 of the blocks stacked along axis 0
+            value = np.asarray(flat[(path[0], *path[2:])][...][path[1]], np.float32)
         if isinstance(transform, column_block):
             parts.setdefault(name, {})[transform.part] = value
         else:
@@ -127,8 +130,9 @@ def test_sharded_lm_scores_and_generates_as_one_device(llama_dir, one_device, sh
     # k/v where M does not divide the kv heads) replicated.
     mine, total = addressable_bytes(lm.state), addressable_bytes(one_device.state)
     assert mine == _expected_bytes(lm)
-    q = lm.state["layers"][0]["attn"]["q"]["kernel"][...]
-    assert q.addressable_shards[0].data.shape == (64 // shape.get("fsdp", 1), 64 // shape["model"])
+    q = lm.state["layers"]["attn"]["q"]["kernel"][...]  # [layers, embed, heads]
+    assert q.addressable_shards[0].data.shape == (2, 64 // shape.get("fsdp", 1),
+                                                  64 // shape["model"])
     replicated_norms = 64 * 4 * (2 * 2 + 1)  # [64] float32 scales, 2 per layer + final
     kv_rep = 0 if 4 % shape["model"] == 0 else 2 * 2 * 64 * 32 * 4 * (1 - 1 / shape["model"])
     assert mine <= total / (shape["model"] * shape.get("fsdp", 1)) + replicated_norms + kv_rep
@@ -355,7 +359,7 @@ def test_fused_attention_only_where_q_k_v_shardings_agree():
                         num_heads=8, num_kv_heads=2, head_dim=4, max_position=32)
     model = CausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
     layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, Attention)]
-    assert len(layers) == 2 and all(m.fused_ok for m in layers)
+    assert len(layers) == 1 and all(m.fused_ok for m in layers)  # both layers, stacked
     assert not configure_attention(model, 4)
     assert not any(m.fused_ok for m in layers)
     assert configure_attention(model, 2) and all(m.fused_ok for m in layers)

@@ -228,7 +228,8 @@ def load_into(factory, name_map: dict, tensors: dict, *, file: str, dtype=jnp.fl
     and each process reads only its devices' slices of a lazy tensor.
     """
     graphdef, flat = abstract_model(factory)
-    ours = {path for path, _ in flat}
+    per_layer = {path: _layer_paths(path, var, name_map) for path, var in flat}
+    ours = {p for paths in per_layer.values() for p in paths}
     mapped = set(name_map)
     if ours != mapped:  # a bug in a name map, not in the user's file
         raise AssertionError(f"name map and module disagree: {sorted(ours ^ mapped)[:5]}")
@@ -245,23 +246,39 @@ def load_into(factory, name_map: dict, tensors: dict, *, file: str, dtype=jnp.fl
     whole: dict[str, np.ndarray] = {}  # source tensors read whole (one at a time when sharded)
     new_flat = []
     for path, var in flat:
-        src, transform = name_map[path]
-        raw = tensors[src]
-        by_slices = isinstance(raw, LazyTensor) and isinstance(transform, Transform)
-        # a tensor that cannot be read by blocks is read and transformed once, here
-        full = None if by_slices else transform(_read_whole(raw, whole, src))
-        shape = transform.shape(raw.shape) if by_slices else full.shape
-        if tuple(shape) != tuple(var.shape):
-            source_shape = raw.shape if by_slices else _read_whole(raw, whole, src).shape
-            raise WeightsError(f"{file}: tensor {src!r} has shape {tuple(source_shape)}, "
-                               f"which does not fit {'.'.join(map(str, path))} of shape "
-                               f"{tuple(var.shape)}")
+        stacked = per_layer[path] != [path]  # one source tensor per layer, stacked on axis 0
+        shape = tuple(var.shape[1:] if stacked else var.shape)
+        sources = []
+        for layer_path in per_layer[path]:
+            src, transform = name_map[layer_path]
+            raw = tensors[src]
+            by_slices = isinstance(raw, LazyTensor) and isinstance(transform, Transform)
+            # a tensor that cannot be read by blocks is read and transformed once, here
+            full = None if by_slices else transform(_read_whole(raw, whole, src))
+            source_shape = transform.shape(raw.shape) if by_slices else full.shape
+            if tuple(source_shape) != shape:
+                read_shape = raw.shape if by_slices else _read_whole(raw, whole, src).shape
+                raise WeightsError(f"{file}: tensor {src!r} has shape {tuple(read_shape)}, "
+                                   "which does not fit "
+                                   f"{'.'.join(map(str, layer_path))} of shape {shape}")
+            sources.append((raw, transform, full))
         if shardings is None:
-            arr = jnp.asarray(transform(raw()) if by_slices else full, dtype=dtype)
+            arrays = [transform(raw()) if full is None else full
+                      for raw, transform, full in sources]
+            arr = jnp.asarray(np.stack(arrays) if stacked else arrays[0], dtype=dtype)
         else:
-            arr = _sharded(raw, transform, full, tuple(var.shape), shardings[path], dtype)
+            arr = _sharded(sources, stacked, tuple(var.shape), shardings[path], dtype)
         new_flat.append((path, var.replace(arr)))
     return nnx.merge(graphdef, nnx.from_flat_state(new_flat))
+
+
+def _layer_paths(path: tuple, var, name_map: dict) -> list[tuple]:
+    """The name-map paths a module parameter is read from: itself, or, for a decoder's
+    blocks stacked along a leading layer axis (``layers/attn/q/kernel`` ``[L, ...]``), the
+    per-layer paths ``layers/0/attn/q/kernel`` ... that name maps list one by one."""
+    if path in name_map or path[:1] != ("layers",) or not var.shape:
+        return [path]
+    return [("layers", i, *path[1:]) for i in range(var.shape[0])]
 
 
 def _read_whole(raw, whole: dict, src: str) -> np.ndarray:
@@ -274,18 +291,28 @@ def _read_whole(raw, whole: dict, src: str) -> np.ndarray:
     return whole[src]
 
 
-def _sharded(raw, transform, full, shape, sharding, dtype) -> jax.Array:
+def _sharded(sources: list, stacked: bool, shape, sharding, dtype) -> jax.Array:
     """A parameter created under ``sharding``; the callback runs once per local device with
-    that device's index and reads only that block (a lazy safetensors tensor with a slicing
-    transform, ``full`` None) or cuts it from the transformed tensor ``full``."""
+    that device's index and reads only that block of each source ``(raw, transform, full)``:
+    from a lazy safetensors tensor with a slicing transform (``full`` None), or cut from the
+    transformed tensor ``full``. ``stacked``: one source per layer along the first axis."""
     np_dtype = np.dtype(jnp.dtype(dtype))
-    if full is None:
-        def block(index):
-            index = tuple(slice(None) if i is None else i for i in index)
-            return transform.block(raw[transform.source_index(index, shape)]).astype(np_dtype)
-    else:
-        def block(index):
-            return np.asarray(full[index]).astype(np_dtype)
+
+    def one(source, index, source_shape):
+        raw, transform, full = source
+        if full is None:
+            return transform.block(raw[transform.source_index(index, source_shape)])
+        return np.asarray(full[index])
+
+    def block(index):
+        index = tuple(slice(None) if i is None else i for i in index)
+        index = index + (slice(None),) * (len(shape) - len(index))
+        if not stacked:
+            return one(sources[0], index, shape).astype(np_dtype)
+        layers = range(len(sources))[index[0]]
+        return np.stack([one(sources[i], index[1:], shape[1:]) for i in layers]
+                        ).astype(np_dtype)
+
     return jax.make_array_from_callback(shape, sharding, block)
 
 
