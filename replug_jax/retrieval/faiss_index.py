@@ -250,8 +250,8 @@ class Index:
             PassageStore.from_passages(passages)
         if emb.shape[0] != len(store):
             raise ValueError(f"{emb.shape[0]} embeddings for {len(store)} passages")
-        if not np.isfinite(emb).all():
-            raise ValueError("embeddings contain NaN or inf; refusing to index them")
+        # Finiteness is checked block by block as the rows are added (EmbeddingSource.rows):
+        # a whole-array check would hold an N x D temporary beside the index at 21M passages.
         source = EmbeddingSource([emb])
         faiss_index = build_faiss(source, 0, len(store), factory, nprobe=nprobe)
         manifest = {"version": INDEX_VERSION, "factory": factory, "metric": "inner_product",
