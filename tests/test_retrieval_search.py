@@ -60,3 +60,28 @@ def test_index_build_checks_finiteness_block_by_block():
     emb[100_000, 5] = np.nan
     with pytest.raises(ValueError, match="NaN or inf.*row 100000"):
         Index.build(emb, store)
+
+
+def test_index_build_from_parts_equals_the_concatenated_matrix(tmp_path):
+    """A refresh on several processes builds from each process's share (memmaps) without
+    concatenating them: same index as from one matrix; parts that disagree are refused."""
+    from replug_jax.retrieval import Index
+    from replug_jax.retrieval.corpus import Passage
+
+    rng = np.random.default_rng(1)
+    emb = rng.normal(size=(300, 16)).astype(np.float32)
+    passages = [Passage(i, f"p{i}") for i in range(300)]
+    bounds = [0, 120, 120, 300]  # an empty share too (more processes than rows)
+    shares = []
+    for j, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        np.save(tmp_path / f"s{j}.npy", emb[lo:hi])
+        shares.append(np.load(tmp_path / f"s{j}.npy", mmap_mode="r"))
+    q = rng.normal(size=(5, 16)).astype(np.float32)
+    whole = Index.build(emb, passages).search(q, 7)
+    parted = Index.build(shares, passages).search(q, 7)
+    np.testing.assert_array_equal(parted.ids, whole.ids)
+    np.testing.assert_allclose(parted.scores, whole.scores, rtol=1e-6)
+    with pytest.raises(ValueError, match="different dimensions"):
+        Index.build([emb[:100], emb[100:, :8]], passages)
+    with pytest.raises(ValueError, match="299 embeddings for 300 passages"):
+        Index.build([emb[:100], emb[100:299]], passages)

@@ -239,23 +239,28 @@ class Index:
         return self.store
 
     @classmethod
-    def build(cls, embeddings_ND: np.ndarray, passages: Sequence[Passage] | PassageStore, *,
-              factory: str = "Flat", encoder: dict | None = None, nprobe: int = 16,
-              extra: dict | None = None) -> "Index":
-        """An in-memory, one-shard index of ``embeddings_ND`` (row i is the i-th passage)."""
-        emb = np.asarray(embeddings_ND)
-        if emb.ndim != 2 or emb.shape[0] == 0:
-            raise ValueError(f"need a non-empty [N, D] embedding matrix, got {emb.shape}")
+    def build(cls, embeddings_ND: np.ndarray | Sequence[np.ndarray],
+              passages: Sequence[Passage] | PassageStore, *, factory: str = "Flat",
+              encoder: dict | None = None, nprobe: int = 16, extra: dict | None = None
+              ) -> "Index":
+        """An in-memory, one-shard index of ``embeddings_ND`` (row i is the i-th passage): one
+        ``[N, D]`` array, or a list of consecutive ``[N_i, D]`` parts (memmaps included) read
+        block by block, never concatenated."""
+        parts = [np.asarray(p) for p in (embeddings_ND if isinstance(embeddings_ND, (list, tuple))
+                                         else [embeddings_ND])]
+        if not parts or any(p.ndim != 2 for p in parts) or sum(map(len, parts)) == 0:
+            raise ValueError("need a non-empty [N, D] embedding matrix, got shapes "
+                             f"{[p.shape for p in parts]}")
         store = passages if isinstance(passages, PassageStore) else \
             PassageStore.from_passages(passages)
-        if emb.shape[0] != len(store):
-            raise ValueError(f"{emb.shape[0]} embeddings for {len(store)} passages")
         # Finiteness is checked block by block as the rows are added (EmbeddingSource.rows):
         # a whole-array check would hold an N x D temporary beside the index at 21M passages.
-        source = EmbeddingSource([emb])
+        source = EmbeddingSource(parts)
+        if source.n != len(store):
+            raise ValueError(f"{source.n} embeddings for {len(store)} passages")
         faiss_index = build_faiss(source, 0, len(store), factory, nprobe=nprobe)
         manifest = {"version": INDEX_VERSION, "factory": factory, "metric": "inner_product",
-                    "dim": int(emb.shape[1]), "n": len(store), "nprobe": nprobe,
+                    "dim": source.dim, "n": len(store), "nprobe": nprobe,
                     "encoder": encoder or {}, "corpus_checksum": store.checksum,
                     "shards": [{"dir": "shard-00000", "lo": 0, "hi": len(store)}],
                     **(extra or {})}

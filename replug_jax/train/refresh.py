@@ -171,7 +171,7 @@ class IndexRefresher:
                     np.save(tmp, np.zeros((0, self.encoder.dim), np.float32))
         shares = [wait_for_embeddings(self.version_dir(version) / f"emb.p{j}of{self.pcount}.npy")
                   for j in range(self.pcount)]
-        index = Index.build(np.concatenate(shares), self.store,
+        index = Index.build(shares, self.store,  # read share by share, not concatenated
                             factory=self.cfg.index_factory, encoder=encoder)
         if self.pid == 0:  # every process holds the same index; one writes it
             index.save(out)
