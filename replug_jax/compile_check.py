@@ -30,6 +30,8 @@ host itself (``--topology`` omitted), where it compiles for the local devices.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import re
 from typing import Callable
@@ -129,8 +131,10 @@ def _replicated(mesh, shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, PartitionSpec()))
 
 
-def lm_programs(cfg, mesh: Mesh, dtype, s: Shapes) -> dict[str, Callable[[], object]]:
-    """``{name: () -> Lowered}`` for the frozen LM's programs on ``mesh``."""
+def lm_programs(cfg, mesh: Mesh, dtype, s: Shapes, *, unroll_layers: bool = False
+                ) -> dict[str, Callable[[], object]]:
+    """``{name: () -> Lowered}`` for the frozen LM's programs on ``mesh`` (``unroll_layers``:
+    the layers as straight-line code, not a loop; see :func:`layer_costs`)."""
     from replug_jax.lm.flax_scorer import scoring_programs
     from replug_jax.lm.kv_reuse import compile_fns
     from replug_jax.lm.placement import CACHE_AXES, Placement
@@ -144,6 +148,7 @@ def lm_programs(cfg, mesh: Mesh, dtype, s: Shapes) -> dict[str, Callable[[], obj
     def build():
         model = registry.architecture("lm", cfg.family).build(cfg, dtype, nnx.Rngs(0))
         configure_attention(model, mesh_size(mesh, MODEL))  # as FlaxLM does on a mesh
+        model.unroll_layers = unroll_layers
         return model
 
     graphdef, state = abstract_state(build, mesh)
@@ -242,25 +247,67 @@ def retriever_programs(bert_cfg, mesh: Mesh, s: Shapes, *, remat: bool = True,
             "refresh_encode": lambda: encode.lower(params, ids, ids)}
 
 
+def xla_cost(compiled) -> dict[str, float]:
+    """XLA's cost analysis of a compiled program: flops, bytes accessed, and its estimated
+    seconds (``optimal_seconds``; not positive where XLA gives none)."""
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older jax: one dict per computation
+        cost = cost[0] if cost else {}
+    return {"flops": float(cost.get("flops", 0.0)),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+            "optimal_seconds": float(cost.get("optimal_seconds", -1.0))}
+
+
+def layer_costs(cfg, mesh: Mesh, dtype, s: Shapes) -> dict[str, Callable[[], dict]]:
+    """``{name: () -> cost}``: what XLA's cost analysis leaves out of each LM program.
+
+    The decoder scans its layers, and XLA counts a loop's body once, so a compiled program's
+    flops and bytes are those of one layer plus the rest. The layers are alike: one layer's
+    cost is the same program with three layers less it with two, both unrolled (a middle
+    layer: XLA fuses the first and the last with what is around them, and drops work of the
+    last whose output a program does not use, as the KV-reuse prefix does with its MLP), and
+    the program's other ``num_layers - 1`` layers add that many times it."""
+    if cfg.num_layers < 2:
+        return {}
+    one, two = (lm_programs(dataclasses.replace(cfg, num_layers=n), mesh, dtype, s,
+                            unroll_layers=True) for n in (2, 3))
+
+    def missing(name: str) -> dict:
+        c1, c2 = xla_cost(one[name]().compile()), xla_cost(two[name]().compile())
+        out = {key: (cfg.num_layers - 1) * (c2[key] - c1[key]) for key in c1}
+        if min(c1["optimal_seconds"], c2["optimal_seconds"]) <= 0:
+            out["optimal_seconds"] = None
+        return out
+
+    return {name: functools.partial(missing, name) for name in one}
+
+
 def measure(lowered_fn: Callable[[], object], memory_bytes: int | None,
-            headroom: float, chip: str = "") -> dict:
+            headroom: float, chip: str = "", missing_cost: Callable[[], dict] | None = None
+            ) -> dict:
     """Compile one program; its bytes per device (XLA's memory analysis), whether they fit
-    ``memory_bytes`` less ``headroom`` (a fraction kept free), and XLA's cost analysis."""
+    ``memory_bytes`` less ``headroom`` (a fraction kept free), and XLA's cost analysis, with
+    ``missing_cost()`` added (the layers a loop hides: :func:`layer_costs`)."""
     compiled = lowered_fn().compile()
     m = compiled.memory_analysis()
     arg, out = int(m.argument_size_in_bytes), int(m.output_size_in_bytes)
     alias, temp = int(m.alias_size_in_bytes), int(m.temp_size_in_bytes)
     code = int(m.generated_code_size_in_bytes)
     total = arg + out - alias + temp + code
-    cost = compiled.cost_analysis() or {}
-    if isinstance(cost, list):  # older jax: one dict per computation
-        cost = cost[0] if cost else {}
+    cost = xla_cost(compiled)
+    if missing_cost is not None:
+        extra = missing_cost()
+        for key in ("flops", "bytes_accessed"):
+            cost[key] += extra[key]
+        cost["optimal_seconds"] = (cost["optimal_seconds"] + extra["optimal_seconds"]
+                                   if extra["optimal_seconds"] is not None else -1.0)
     row = {"argument_gib": arg / GIB, "output_gib": out / GIB, "donated_gib": alias / GIB,
            "temporary_gib": temp / GIB, "code_gib": code / GIB, "total_gib": total / GIB,
-           "total_bytes": total, "flops": float(cost.get("flops", 0.0)),
-           "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-           "xla_estimated_seconds": (float(cost["optimal_seconds"])
-                                     if cost.get("optimal_seconds", -1) > 0 else None)}
+           "total_bytes": total, "flops": cost["flops"], "bytes_accessed": cost["bytes_accessed"],
+           "xla_estimated_seconds": (cost["optimal_seconds"] if cost["optimal_seconds"] > 0
+                                     else None),
+           "layers_in_cost": "every layer (a scanned layer's cost times the depth)"
+           if missing_cost is not None else "as compiled"}
     if chip in CHIPS:  # the roofline bound at the chip's peak (flops and bytes per device)
         _, tflops, gbps = CHIPS[chip]
         row["roofline_seconds"] = max(row["flops"] / (tflops * 1e12),
@@ -272,17 +319,20 @@ def measure(lowered_fn: Callable[[], object], memory_bytes: int | None,
 
 
 def compile_check(programs: dict[str, Callable[[], object]], memory_bytes: int | None,
-                  headroom: float = 0.1, progress: bool = True, chip: str = ""
+                  headroom: float = 0.1, progress: bool = True, chip: str = "",
+                  missing_costs: dict[str, Callable[[], dict]] | None = None
                   ) -> dict[str, dict]:
-    """Every program compiled and measured (:func:`measure`); a program XLA refuses is
-    reported with its error instead of stopping the others."""
+    """Every program compiled and measured (:func:`measure`, with ``missing_costs[name]``
+    where given); a program XLA refuses is reported with its error instead of stopping the
+    others."""
     from tqdm.auto import tqdm
 
     out = {}
     for name, fn in tqdm(programs.items(), desc="compiling", unit="program",
                          disable=not progress):
         try:
-            out[name] = measure(fn, memory_bytes, headroom, chip)
+            out[name] = measure(fn, memory_bytes, headroom, chip,
+                                (missing_costs or {}).get(name))
         except Exception as err:  # noqa: BLE001 — XLA's errors are many kinds; report them
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             out[name] = {"error": f"{type(err).__name__}: {first[:300]}", "fits": False}

@@ -106,3 +106,36 @@ def test_a_mesh_over_two_slices_keeps_only_the_data_axis_across_them():
     assert mesh.devices[0, 0].slice_index != mesh.devices[1, 0].slice_index
     with pytest.raises(ValueError, match="2 slices need a data or fsdp axis"):
         target_mesh(devices, {"model": 8})
+
+
+def test_the_scanned_layers_are_all_in_the_flops_and_bytes(tmp_path):
+    """XLA counts a loop's body once, and the decoder scans its layers: each LM program's
+    reported flops and bytes hold every layer. At 3 layers they exceed XLA's own count by two
+    layers, a layer measured apart (4 layers unrolled less 3); where the program uses every
+    layer's output (whole-sequence scoring), its flops equal the program compiled unrolled."""
+    from replug_jax import compile_check as cc
+    from replug_jax.lm.memory import read_lm_config
+    from replug_jax.run_shapes import Shapes
+    from replug_jax.sharding import make_mesh
+
+    def cfg(layers):
+        (tmp_path / "lm.json").write_text(json.dumps({**TINY_LM, "num_hidden_layers": layers}))
+        return read_lm_config(tmp_path / "lm.json")
+
+    mesh = make_mesh(shape={"data": 2, "model": 4})
+    s = Shapes(lm_batch=4, context=32, new_tokens=4, prefix_len=8, suffix_len=8, lsr_docs=2)
+    rows = cc.compile_check(cc.lm_programs(cfg(3), mesh, "float32", s), None, progress=False,
+                            missing_costs=cc.layer_costs(cfg(3), mesh, "float32", s))
+    scanned = cc.lm_programs(cfg(3), mesh, "float32", s)
+    unrolled = {n: cc.lm_programs(cfg(n), mesh, "float32", s, unroll_layers=True)
+                for n in (3, 4)}
+    for name, row in rows.items():
+        xla = cc.xla_cost(scanned[name]().compile())
+        u3, u4 = (cc.xla_cost(unrolled[n][name]().compile()) for n in (3, 4))
+        for key, rel in (("flops", 0.01), ("bytes_accessed", 0.05)):
+            layer = u4[key] - u3[key]
+            assert layer > 0, (name, key)
+            assert row[key] == pytest.approx(xla[key] + 2 * layer, rel=rel), (name, key)
+        assert row["layers_in_cost"].startswith("every layer")
+    assert rows["lm_score"]["flops"] == pytest.approx(
+        cc.xla_cost(unrolled[3]["lm_score"]().compile())["flops"], rel=0.02)

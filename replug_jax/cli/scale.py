@@ -102,15 +102,17 @@ def cmd_compile_check(args) -> int:
     wanted = set(args.programs)
     wanted |= set(LM_PROGRAMS) if "lm" in wanted else set()
     wanted |= set(RETRIEVER_PROGRAMS) if "retriever" in wanted else set()
-    programs = {}
+    programs, missing_costs = {}, {}
     if wanted & set(LM_PROGRAMS):
         programs.update(cc.lm_programs(lm_cfg, mesh, args.dtype, shapes))
+        missing_costs = cc.layer_costs(lm_cfg, mesh, args.dtype, shapes)
     if wanted & set(RETRIEVER_PROGRAMS):
         programs.update(cc.retriever_programs(bert_cfg, mesh, shapes,
                                               remat=not args.no_remat))
     programs = {name: fn for name, fn in programs.items() if name in wanted}
     rows = cc.compile_check(programs, memory, args.headroom, progress=not args.json,
-                            chip=getattr(devices[0], "device_kind", ""))
+                            chip=getattr(devices[0], "device_kind", ""),
+                            missing_costs=missing_costs)
     report = {"target": args.topology or f"{len(devices)} local {devices[0].platform} "
                                           "device(s)",
               "device_kind": getattr(devices[0], "device_kind", ""),

@@ -277,6 +277,10 @@ def _stacked_blocks(cfg: DecoderConfig, dtype, rngs: nnx.Rngs) -> Block:
 class CausalLM(nnx.Module):
     """Decoder-only LM: ``(tokens_BL, positions_BL, cache) -> (logits_BLV float32, cache)``."""
 
+    # the layers as straight-line code instead of a loop (for XLA's cost analysis, which
+    # counts a loop's body once: replug_jax.compile_check.layer_costs)
+    unroll_layers: bool = False
+
     def __init__(self, cfg: DecoderConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
         self.cfg = cfg
         self.dtype = dtype
@@ -330,8 +334,9 @@ class CausalLM(nnx.Module):
             return (x_BLD, *(new_kv or (k_all, v_all))), None
 
         layer_ids = jnp.arange(self.cfg.num_layers, dtype=jnp.int32)
-        (x_BLD, k_all, v_all), _ = jax.lax.scan(layer_step, (x_BLD, k_all, v_all),
-                                                (blocks_state, layer_ids))
+        (x_BLD, k_all, v_all), _ = jax.lax.scan(
+            layer_step, (x_BLD, k_all, v_all), (blocks_state, layer_ids),
+            unroll=self.cfg.num_layers if self.unroll_layers else 1)
         if cache is not None:
             cache = {"k": k_all, "v": v_all, "pos": k_pos_BS,
                      "end": cache["end"] + new_tokens}
