@@ -102,15 +102,14 @@ def train_one(cfg, workdir: pathlib.Path, shared_cache: pathlib.Path, lm, passag
     """One (direction, γ, β) run from the shared start, its LM scores shared with the next
     run through ``shared_cache``: the summary row of its metrics."""
     workdir.mkdir(parents=True, exist_ok=True)
-    if shared_cache.exists() and not (workdir / "lm_scores.sqlite").exists():
-        shutil.copyfile(shared_cache, workdir / "lm_scores.sqlite")
+    if shared_cache.exists():  # the parts are never rewritten: copying them is sharing them
+        shutil.copytree(shared_cache, workdir / "lm_scores", dirs_exist_ok=True)
     retriever = Retriever.load(cfg.retriever, similarity=cfg.similarity,
                                max_length=cfg.doc_max_length)
     trainer = LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=lm, passages=passages,
                          train=train, dev=dev, progress=progress)
     result = trainer.run()
-    trainer.cache.close()
-    shutil.copyfile(workdir / "lm_scores.sqlite", shared_cache)
+    shutil.copytree(workdir / "lm_scores", shared_cache, dirs_exist_ok=True)
     log = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     dev_metrics = json.loads((workdir / "dev_metrics.json").read_text())
     return {"direction": cfg.direction, "gamma": cfg.gamma, "beta": cfg.beta,
@@ -162,7 +161,7 @@ def main(argv=None):
     with Timer() as sw:
         runs = [train_one(common.with_objective(objective),
                           root / f"{objective.direction}_g{objective.gamma}_b{objective.beta}",
-                          root / "lm_scores.sqlite", lm, passages, train, dev,
+                          root / "lm_scores", lm, passages, train, dev,
                           not args.no_progress)
                 for objective in grid(sweep, common.objective_config)]
     table = [(r["direction"], r["gamma"], r["beta"], f"{r['loss_first']:.4f}",

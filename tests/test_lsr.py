@@ -311,7 +311,7 @@ def test_supervision_scores_the_prompts_replug_serves(tmp_path, monkeypatch):
     monkeypatch.setattr(lm, "score_continuations",
                         lambda prompts, conts: seen.extend(prompts) or real(prompts, conts))
     scores, new = lm_scores([ex], np.array([[0, 1]]), {p.id: p for p in passages}, lm,
-                            LMScoreCache(tmp_path / "c.sqlite", "tiny"))
+                            LMScoreCache(tmp_path / "c", "tiny"))
     assert new == 2 and np.isfinite(scores).all()
     supervised = list(seen)
     seen.clear()

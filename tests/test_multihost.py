@@ -157,7 +157,7 @@ def test_two_processes_lsr_equals_one_process_across_a_refresh(tmp_path):
     # earlier is scored again, never fewer
     assert sum(r["lm_new_pairs"] for r in log_two) >= sum(r["lm_new_pairs"] for r in log_one)
     assert log_two[-1]["index_version"] == 2  # two refreshes crossed
-    assert (tmp_path / "two" / "lm_scores.p1.sqlite").exists()
+    assert list((tmp_path / "two" / "lm_scores.p1").glob("part-*.npz"))
 
 
 @pytest.mark.slow

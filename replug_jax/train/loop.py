@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from replug_jax.fileio import write_json_atomic, write_text_atomic
+from replug_jax.lm.score_store import scorer_identity
 from replug_jax.retrieval.corpus import Passage, leakage_exclusions
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval import DeviceIndex, Index, corpus_text
@@ -129,9 +130,13 @@ class LSRTrainer:
         self.state = replicate(init_state(params, self.tx), self.mesh)
         # one LM-score cache per process: each scores only its own rows of every batch
         self.pid, self.pcount = jax.process_index(), jax.process_count()
-        cache_name = "lm_scores.sqlite" if self.pcount == 1 else f"lm_scores.p{self.pid}.sqlite"
-        self.cache = LMScoreCache(self.workdir / cache_name,
-                                  f"{getattr(lm_scorer, 'name', cfg.lm)}|{cfg.separator!r}")
+        cache_name = "lm_scores" if self.pcount == 1 else f"lm_scores.p{self.pid}"
+        if (self.workdir / f"{cache_name}.sqlite").exists():
+            warnings.warn(f"{self.workdir / cache_name}.sqlite: an older release's LM-score "
+                          f"cache, not read; its pairs are scored again into {cache_name}/",
+                          stacklevel=2)
+        self.cache = LMScoreCache(self.workdir / cache_name, scorer_identity(lm_scorer)
+                                  if hasattr(lm_scorer, "name") else cfg.lm)
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", cfg.keep_checkpoints)
         self.refresher = IndexRefresher(self.workdir, cfg, retriever, self.store, self.mesh,
                                         lambda: host_copy(self.state.params), self.pid,
@@ -213,8 +218,7 @@ class LSRTrainer:
             scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
                                     cfg.separator, cfg.lm_score)
         # pairs newly scored for this step, here or ahead of it: the same count either way
-        new += len(prefetched & {(e.id, int(d)) for e, row in zip(examples, hits.ids)
-                                 for d in row if d >= 0})
+        new += len(prefetched & self.pair_keys(examples, hits.ids))
         lm_seconds = time.perf_counter() - t0
         q_ids, q_mask = _quietly(self._tokenize, [e.query for e in examples],
                                  cfg.query_max_length, self.retriever.query_truncation)
@@ -242,6 +246,11 @@ class LSRTrainer:
         idx = batch_indices(step, self.cfg.batch_size, len(self.train), self.cfg.seed)
         batch = [self.train[i] for i in idx]
         return batch, batch[local_rows(len(batch))]
+
+    def pair_keys(self, examples: list[Example], doc_ids_BK: np.ndarray) -> set[str]:
+        """The LM-score store's keys of the (example, document) pairs (ids -1 left out)."""
+        return {self.cache.key(e, self.by_id[int(d)], self.cfg.separator)
+                for e, row in zip(examples, doc_ids_BK) for d in row if d >= 0}
 
     def score_pairs(self, examples: list[Example], doc_ids_BK: np.ndarray) -> None:
         """Score into the cache the (example, document) pairs it lacks (a prefetch: the

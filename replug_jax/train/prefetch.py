@@ -62,9 +62,9 @@ class Prefetcher:
         _, examples = t.step_examples(step)
         queries = t.retriever.encode_queries([e.query for e in examples], params=params)
         hits = t.index.search(queries, t.cfg.k, t._excluded(examples))
-        keys = {(e.id, int(d)) for e, row in zip(examples, hits.ids) for d in row if d >= 0}
-        before = set(t.cache.get_many(sorted(keys)))
-        with self.lm_lock:
+        keys = t.pair_keys(examples, hits.ids)
+        with self.lm_lock:  # what was stored before, read as the step scoring beside it sees it
+            before = {key for key in keys if key in t.cache}
             t.score_pairs(examples, hits.ids)
         return keys - before
 

@@ -1,56 +1,61 @@
 """LM supervision outside the gradient path (paper §4.2), with a persistent cache.
 
 The LM is frozen, so the score of a continuation given (example, document) never changes: it is
-computed once by any :class:`~replug_jax.lm.scorer.LMScorer` and stored in SQLite (standard
-library, transactional, no pickle) keyed by (example id, passage id, LM id). A restarted run
-reuses every score already paid for.
+computed once by any :class:`~replug_jax.lm.scorer.LMScorer` and kept in a
+:class:`~replug_jax.lm.score_store.ScoreStore`, the content-keyed store of per-token log-probs
+the pool studies use (parts written atomically, no pickle). A restarted run reuses every score
+already paid for.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import pathlib
-import sqlite3
 import threading
+import time
 
 import numpy as np
 
+from replug_jax.lm.score_store import ScoreStore, pair_key
 from replug_jax.prompts import document_budget, document_prompt
 from replug_jax.retrieval import corpus_text
 from replug_jax.train.data import Example
 
 
 class LMScoreCache:
-    def __init__(self, path: str | pathlib.Path, lm_id: str):
-        self.path = pathlib.Path(path)
-        self.lm_id = lm_id
+    """The LM scores of (example, passage) pairs, on a :class:`ScoreStore` for one LM.
+
+    A pair's key is its content before the document is fitted to the LM's context: the
+    document's text, the separator and the example's context, with the continuation. For one
+    LM (the store's) that text fixes the prompt the LM is given, so a hit needs no
+    tokenisation; the same pair in another run, split or example id is found. ``hits`` and
+    ``misses`` count the steps' lookups."""
+
+    def __init__(self, directory: str | pathlib.Path, lm_id: str):
+        self.store = ScoreStore(directory, lm_id)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
-        self._db.execute("CREATE TABLE IF NOT EXISTS scores (example TEXT, doc INTEGER, "
-                         "lm TEXT, total REAL, count INTEGER, PRIMARY KEY (example, doc, lm))")
-        self._db.commit()
         self.hits = 0
         self.misses = 0
 
-    def get_many(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[float, int]]:
-        out = {}
-        with self._lock:
-            for ex, doc in keys:
-                row = self._db.execute("SELECT total, count FROM scores WHERE example=? AND "
-                                       "doc=? AND lm=?", (ex, doc, self.lm_id)).fetchone()
-                if row is not None:
-                    out[(ex, doc)] = (row[0], row[1])
-        return out
+    @staticmethod
+    def key(example: Example, passage, separator: str) -> str:
+        branch = json.dumps([corpus_text(passage), separator, example.context])
+        return pair_key(branch, example.continuation)
 
-    def put_many(self, items: dict[tuple[str, int], tuple[float, int]]) -> None:
+    def __contains__(self, key: str) -> bool:
         with self._lock:
-            self._db.executemany("INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)",
-                                 [(ex, doc, self.lm_id, total, count)
-                                  for (ex, doc), (total, count) in items.items()])
-            self._db.commit()
+            return key in self.store
 
-    def close(self) -> None:
-        self._db.close()
+    def totals(self, key: str) -> tuple[float, int]:
+        """(summed log-prob, tokens) of a stored pair."""
+        with self._lock:
+            logprobs, _ = self.store.get(key)
+        return float(logprobs.sum()), len(logprobs)
+
+    def add(self, keys: list[str], logprobs: list[np.ndarray], seconds: float) -> None:
+        with self._lock:
+            self.store.add(keys, logprobs, seconds)
 
 
 def branch_prompts(examples, passages, scorer, separator: str = "\n\n") -> list[str]:
@@ -75,28 +80,28 @@ def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
               chunk: int = 64, count: bool = True) -> tuple[np.ndarray, int]:
     """``[B, K]`` LM scores of each example's continuation given ``d ∘ x`` (0 for padding
     documents, id -1), and the number of (example, document) pairs newly scored. Documents
-    longer than the LM context allows are cut from the end (:func:`fit_document`).
+    longer than the LM context allows are cut from the end (:func:`fit_document`). The new
+    pairs are scored ``chunk`` at a time and stored as one part (a kill loses one call's).
     ``count=False``: leave the cache's hit and miss counts alone (a prefetch)."""
-    keys = [(ex.id, int(d)) for ex, row in zip(examples, doc_ids_BK) for d in row if d >= 0]
-    known = cache.get_many(keys)
-    missing = sorted(set(keys) - set(known))
+    pairs = {cache.key(ex, passages_by_id[int(d)], separator): (ex, int(d))
+             for ex, row in zip(examples, doc_ids_BK) for d in row if d >= 0}
+    lookups = sum(int(d >= 0) for row in doc_ids_BK for d in row)
+    missing = [key for key in pairs if key not in cache]
     if count:
-        cache.hits += len(keys) - len(missing)
+        cache.hits += lookups - len(missing)
         cache.misses += len(missing)
-    by_id = {ex.id: ex for ex in examples}
-    for start in range(0, len(missing), chunk):  # stored chunk by chunk: a kill loses little
-        part = missing[start:start + chunk]
-        prompts = branch_prompts([by_id[ex] for ex, _ in part],
-                                 [passages_by_id[d] for _, d in part], scorer, separator)
-        conts = [by_id[ex].continuation for ex, _ in part]
-        scored = scorer.score_continuations(prompts, conts)
-        new = {key: (float(s.logprobs.sum()), len(s.logprobs)) for key, s in zip(part, scored)}
-        cache.put_many(new)
-        known.update(new)
+    new_rows, t0 = [], time.perf_counter()
+    for start in range(0, len(missing), chunk):
+        part = [pairs[key] for key in missing[start:start + chunk]]
+        prompts = branch_prompts([ex for ex, _ in part], [passages_by_id[d] for _, d in part],
+                                 scorer, separator)
+        scored = scorer.score_continuations(prompts, [ex.continuation for ex, _ in part])
+        new_rows += [s.logprobs for s in scored]
+    cache.add(missing, new_rows, time.perf_counter() - t0)
     out = np.zeros(doc_ids_BK.shape, np.float32)
     for b, (ex, row) in enumerate(zip(examples, doc_ids_BK)):
         for k, d in enumerate(row):
             if d >= 0:
-                total, count = known[(ex.id, int(d))]
-                out[b, k] = total if reduction == "sum" else total / max(count, 1)
+                total, n = cache.totals(cache.key(ex, passages_by_id[int(d)], separator))
+                out[b, k] = total if reduction == "sum" else total / max(n, 1)
     return out, len(missing)
