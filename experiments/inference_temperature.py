@@ -33,12 +33,8 @@ from experiments.configs.inference_temperature import CONFIGS
 from replug_jax.core.ensemble import bits_per_byte
 from replug_jax.eval.perplexity import WindowSettings, leakage_exclusions, sliding_windows
 from replug_jax.eval.stats import bpb_difference, format_interval, paired_bootstrap
-from replug_jax.eval.temperature import (
-    BranchCache,
-    cross_fit_logliks,
-    fit_temperature,
-    mixture_logliks,
-)
+from replug_jax.branches import BranchCache, mixture_logliks
+from replug_jax.eval.temperature import cross_fit_logliks, fit_temperature
 from replug_jax.fileio import atomic_path, read_jsonl, write_text_atomic
 from replug_jax.prompts import qa_prompt
 from replug_jax.replug import Replug

@@ -7,12 +7,8 @@ import numpy as np
 import pytest
 
 from replug_jax.eval.stats import bpb_difference, format_interval, paired_bootstrap
-from replug_jax.eval.temperature import (
-    BranchCache,
-    cross_fit_logliks,
-    fit_temperature,
-    mixture_logliks,
-)
+from replug_jax.branches import BranchCache, mixture_logliks
+from replug_jax.eval.temperature import cross_fit_logliks, fit_temperature
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval import index_in_memory

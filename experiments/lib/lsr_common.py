@@ -12,7 +12,7 @@ import pathlib
 import numpy as np
 
 from replug_jax.fileio import atomic_path, write_json_atomic
-from replug_jax.eval.temperature import BranchCache
+from replug_jax.branches import BranchCache
 from replug_jax.train.pool import PoolTrainConfig, ScoredPool, score_pairs
 from replug_jax.train.refresh import flatten_params
 

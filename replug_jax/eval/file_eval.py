@@ -277,10 +277,10 @@ __all__ = ["EVAL_MODES", "EvalSettings", "comparisons", "evaluate_file", "qa_row
 def branch_cache(data: EvalData, pipe, settings: EvalSettings, progress: bool = True):
     """Every example's branches scored once in mode ``replug`` (the gold answer of a question
     in the prompt ``replug eval`` uses, or every window of a text), as a
-    :class:`~replug_jax.eval.temperature.BranchCache`: any τ is then evaluated without the LM."""
+    :class:`~replug_jax.branches.BranchCache`: any τ is then evaluated without the LM."""
     from tqdm.auto import tqdm
 
-    from replug_jax.eval.temperature import BranchCache
+    from replug_jax.branches import BranchCache
 
     if data.kind == "qa":
         ev = QAEvaluator([it.question for it in data.items],
@@ -314,7 +314,8 @@ def fit_temperature_on_file(data: EvalData, pipe, settings: EvalSettings,
     """τ maximising the log-likelihood of ``data`` under REPLUG (Eq. 2 weights, §3.2 mixture),
     with the evidence a reader needs: the log-likelihood per example at τ = 1 and at the fit,
     a 2-fold cross-fitted estimate of the fit on unseen examples, and the bounds."""
-    from replug_jax.eval.temperature import cross_fit_logliks, fit_temperature, mixture_logliks
+    from replug_jax.branches import mixture_logliks
+    from replug_jax.eval.temperature import cross_fit_logliks, fit_temperature
 
     cache = branch_cache(data, pipe, settings, progress)
     fit = fit_temperature(cache, bounds)

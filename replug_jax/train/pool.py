@@ -15,7 +15,7 @@ call:
   and early stopping use it;
 * every objective and temperature is compared on the same supervision.
 
-The pool itself is a :class:`~replug_jax.eval.temperature.BranchCache` (``[E, M, T]`` token
+The pool itself is a :class:`~replug_jax.branches.BranchCache` (``[E, M, T]`` token
 log-probs, the base retriever's scores) plus the candidates' passage ids and a provenance
 record (LM, prompt settings, lengths, corpus checksum, base retriever).
 """
@@ -31,7 +31,7 @@ from typing import Callable, ClassVar, Sequence
 import jax
 import numpy as np
 
-from replug_jax.eval.temperature import BranchCache, mixture_logliks
+from replug_jax.branches import BranchCache, mixture_logliks
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.retrieval import corpus_text
 from replug_jax.train.spec import (
@@ -71,7 +71,7 @@ class ScoredPool:
         return (total_EM / np.maximum(c.token_mask_NT.sum(-1), 1)[:, None]).astype(np.float32)
 
     def subset(self, rows) -> "ScoredPool":
-        from replug_jax.eval.temperature import subset
+        from replug_jax.branches import subset
 
         rows = np.asarray(rows)
         return ScoredPool(subset(self.branches, rows), self.doc_ids_EM[rows], self.provenance)
