@@ -46,6 +46,7 @@ from replug_jax.models.tensors import (  # noqa: F401 (the transforms, re-export
     transposed,
     unchanged,
 )
+from replug_jax.remote import is_remote, local_copy
 from replug_jax.sharding import MODEL, check_heads, mesh_size, param_shardings
 
 __all__ = ["WeightsError", "ResolvedSource", "Loaded", "resolve", "packaged_path",
@@ -112,9 +113,10 @@ def download_from_hub(repo_id: str) -> pathlib.Path:
 
 
 def resolve(source: str | os.PathLike) -> ResolvedSource:
-    """A path, a ``.gguf`` file, a packaged-model name, or a hub id -> local files."""
+    """A path, a ``.gguf`` file, a packaged-model name, a hub id, or a remote folder or
+    ``.gguf`` (``gs://``..., copied once: :mod:`replug_jax.remote`) -> local files."""
     text = str(source)
-    path = pathlib.Path(text).expanduser()
+    path = local_copy(text) if is_remote(text) else pathlib.Path(text).expanduser()
     if path.exists():
         if path.is_file():
             if path.suffix == ".gguf":

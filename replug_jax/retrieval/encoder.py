@@ -25,6 +25,7 @@ from replug_jax.fileio import write_json_atomic
 from replug_jax.models import DEFAULT_RETRIEVER, RetrieverModel, load_retriever
 from replug_jax.models.bert import embed, embeds_normalized
 from replug_jax.models.params import split_params, to_module
+from replug_jax.remote import is_remote, local_copy
 from replug_jax.retrieval.embeddings import encoding_bar
 
 # Padding lengths. Finer steps than powers of two: on 2 CPU cores the demo corpus encodes in
@@ -112,6 +113,7 @@ class Retriever:
         """A retriever from any source; a folder exported from an LSR run brings its
         ``replug.json`` (similarity, the sequence lengths it was trained with and, once
         fitted, its retrieval temperature), which ``kwargs`` may still override."""
+        source = str(local_copy(source)) if is_remote(source) else source
         settings_path = pathlib.Path(source) / "replug.json"
         passages = None
         if settings_path.is_file():

@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from replug_jax.fileio import replace_dir
+from replug_jax.remote import local_copy
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval.embeddings import EmbeddingSource, NpyRows
 from replug_jax.retrieval.integrity import IndexLoadError, check_files
@@ -357,7 +358,7 @@ class Index:
     def verify(cls, directory: str | pathlib.Path) -> dict:
         """Hash every file of an index directory against its manifest (``replug index
         verify``); raises :class:`IndexLoadError` on the first problem."""
-        d = pathlib.Path(directory)
+        d = local_copy(directory)
         manifest = cls._read_manifest(d)
         check_files(d, manifest.get("files", {}), full=True)
         return {"files": len(manifest.get("files", {})),
@@ -367,7 +368,7 @@ class Index:
     def info(cls, directory: str | pathlib.Path) -> dict:
         """What an index's manifest records, without loading it: size, factory, shards,
         bytes, search defaults, encoder, corpus, the recall measured at build or tuning."""
-        m = cls._read_manifest(pathlib.Path(directory))
+        m = cls._read_manifest(local_copy(directory))
         return {"index": str(directory), "n": m["n"], "dim": m["dim"], "factory": m["factory"],
                 "shards": len(m["shards"]),
                 "bytes": sum(f["size"] for f in m.get("files", {}).values()),
@@ -382,8 +383,9 @@ class Index:
              expect_corpus_checksum: str | None = None, mmap: bool = True,
              gpu: str = "auto") -> "Index":
         """Load and check an index directory; refuse a mismatched encoder or corpus, a
-        missing, truncated or corrupt file, or a shard of another index."""
-        d = pathlib.Path(directory)
+        missing, truncated or corrupt file, or a shard of another index. A remote folder
+        (``gs://``...) is copied to local disk once (:mod:`replug_jax.remote`)."""
+        d = local_copy(directory)
         manifest = cls._read_manifest(d)
         if expect_encoder is not None:
             got = manifest.get("encoder", {})

@@ -28,6 +28,7 @@ import numpy as np
 
 from replug_jax.fileio import write_json_atomic, write_text_atomic
 from replug_jax.lm.score_store import scorer_identity
+from replug_jax.remote import is_remote
 from replug_jax.retrieval.corpus import Passage, leakage_exclusions
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval import DeviceIndex, Index, corpus_text
@@ -100,6 +101,10 @@ class LSRTrainer:
                              "trainer trains one shared encoder: start from one of its "
                              "folders (the query tower, or passage_encoder/)")
         self.cfg = cfg
+        if is_remote(workdir):  # pathlib would make a local folder named "gs:"
+            raise ValueError(f"--workdir {workdir}: a work directory must be on a local or "
+                             "mounted filesystem (index versions and LM scores are memory-"
+                             "mapped); sources may be remote (gs://...)")
         self.workdir = pathlib.Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.retriever = retriever
