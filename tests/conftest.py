@@ -19,6 +19,13 @@ os.environ["XLA_FLAGS"] = " ".join(
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# The property tests draw the same cases on every run (CI's included), so a failure is
+# reproducible and a green run stays green; HYPOTHESIS_PROFILE=explore draws new ones.
+settings.register_profile("fixed", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 from replug_jax.map_limit import map_count_and_limit  # noqa: E402
 
