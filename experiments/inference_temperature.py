@@ -36,6 +36,7 @@ from replug_jax.eval.stats import bpb_difference, format_interval, paired_bootst
 from replug_jax.branches import BranchCache, mixture_logliks
 from replug_jax.eval.temperature import cross_fit_logliks, fit_temperature
 from replug_jax.fileio import atomic_path, read_jsonl, write_text_atomic
+from replug_jax.lm.score_store import ScoreStore, StoredLM, scorer_identity
 from replug_jax.prompts import qa_prompt
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, chunk_documents, read_documents
@@ -173,8 +174,11 @@ def difference(cfg, a, b, num_bytes) -> dict:
 def score_all(cfg, retrievers, work: pathlib.Path, progress: bool) -> dict:
     """One LM pass per retriever and split, cached on disk: the splits, the LM alone's
     log-likelihoods, each retriever's branch caches and, where the gold passage is known, its
-    hits at ranks 1 and 5."""
+    hits at ranks 1 and 5. The LM's scores go to ``work/lm_scores/`` as they are made
+    (:class:`~replug_jax.lm.score_store.StoredLM`): a split interrupted before its cache is
+    written resumes from them."""
     lm = load_lm(cfg.lm, cfg.max_context)
+    lm = StoredLM(lm, ScoreStore(work / "lm_scores", scorer_identity(lm)))
     passages = load_corpus(cfg, lm)
     # NQ fits τ on the reported questions (cross-fitted); WikiText on separate articles
     splits = ("report",) if cfg.dataset == "nq" else ("fit", "report")

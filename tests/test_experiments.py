@@ -216,6 +216,11 @@ def test_table1_and_figure4_tiny(data, tmp_path):
     assert all(np.isfinite(v) for v in fig["perplexity"]["random"].values())
 
 
+def _batches(cache):
+    """A cache's scored batches (not the LM-score store beside them)."""
+    return sorted(p for p in cache.rglob("*.npz") if "lm_scores" not in p.parts)
+
+
 def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     """The real-datastore setting end to end on a few enwiki articles: every row, per-window
     values with article ids, the leakage rate, the format control; Figure 4 from the same
@@ -227,7 +232,7 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
               "--set", f"cache={tmp_path / 'cache'}"]
     # the LM alone and the control scored first (before any enwiki index): reused after
     lm_datastore.main(common + ["--sources", "none", "control_random"])
-    early = {p: p.stat().st_mtime_ns for p in (tmp_path / "cache").rglob("*.npz")}
+    early = {p: p.stat().st_mtime_ns for p in _batches(tmp_path / "cache")}
     assert len(early) == 2 * 2
     table1_lm.main(common)
     assert all(p.stat().st_mtime_ns == t for p, t in early.items())
@@ -241,11 +246,14 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     assert 0 < res["leakage"]["windows_with_a_leaking_passage"] <= 1  # the copy leaks
     assert "format (k=1): random WikiText − random datastore passages" in res[
         "paired_differences"]
-    batches = sorted((tmp_path / "cache").rglob("*.npz"))
+    batches = _batches(tmp_path / "cache")
     assert len(batches) == 6 * 2  # six sources × two batches of two windows
     stamps = [p.stat().st_mtime_ns for p in batches]
+    parts = sorted((tmp_path / "cache" / "lm_scores").glob("part-*.npz"))  # the LM's scores
+    assert parts
     figure4_num_docs.main(common)
-    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "cache").rglob("*.npz"))] == stamps
+    assert [p.stat().st_mtime_ns for p in _batches(tmp_path / "cache")] == stamps
+    assert sorted((tmp_path / "cache" / "lm_scores").glob("part-*.npz")) == parts
     fig = json.loads((tmp_path / "figure4_num_docs" / "tiny_enwiki.json").read_text())
     k2 = fig["bits_per_byte"]["retrieved, τ=1"]["2"]["difference"]
     assert k2 == pytest.approx(levels["REPLUG (k=2, τ=1)"]["difference"], abs=1e-9)

@@ -74,3 +74,38 @@ def test_pools_share_pairs_through_the_store(tiny, tmp_path, monkeypatch):
     [want] = real(branch_prompts([ex], [passages[5]], lm), [ex.continuation])
     n = len(want.logprobs)
     np.testing.assert_allclose(third.branches.logprobs_NKT[2, 2, :n], want.logprobs, atol=1e-5)
+
+
+def test_a_pipeline_over_the_stored_lm_scores_as_over_the_lm_and_each_pair_once(tiny, tmp_path,
+                                                                               monkeypatch):
+    """REPLUG scoring through StoredLM gives the LM's results (log-probs, tokens, mixture);
+    the same call again, or from a new process on the same folder, calls the LM for nothing;
+    a call with one new pair scores that pair only, once though it appears twice."""
+    from replug_jax.lm.score_store import StoredLM
+    from replug_jax.replug import Replug
+    from replug_jax.retrieval import index_in_memory
+
+    lm, retriever = tiny
+    passages = [Passage(i, t) for i, t in enumerate(FACTS)]
+    index = index_in_memory(passages, retriever)
+    contexts = ["The river flows through", "The capital city is"]
+    targets = [" the valley.", " far away."]
+    want = Replug(lm, retriever, index, k=3).score(contexts, targets, reliance=False)
+    stored = StoredLM(lm, ScoreStore(tmp_path / "s", scorer_identity(lm)))
+    got = Replug(stored, retriever, index, k=3).score(contexts, targets, reliance=False)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g.branch_logprobs, w.branch_logprobs, atol=1e-5)
+        assert g.tokens == w.tokens and g.loglik == pytest.approx(w.loglik, abs=1e-4)
+    calls = []
+    real = lm.score_continuations
+    monkeypatch.setattr(lm, "score_continuations",
+                        lambda p, c: calls.append(len(p)) or real(p, c))
+    again = StoredLM(lm, ScoreStore(tmp_path / "s", scorer_identity(lm)))
+    got2 = Replug(again, retriever, index, k=3).score(contexts, targets, reliance=False)
+    assert calls == []
+    for g, g2 in zip(got, got2):
+        np.testing.assert_array_equal(g2.branch_logprobs, g.branch_logprobs)
+        assert g2.tokens == g.tokens
+    scores = again.score_continuations(["a new prompt", "a new prompt", contexts[0]],
+                                       [" x", " x", " y"])
+    assert calls == [2] and scores[0].tokens == scores[1].tokens

@@ -15,7 +15,10 @@ log-probabilities ``[K, T]`` and retrieval scores ``[K]`` are kept, so every REP
 (any k ≤ K: the top-k of the top-K is the top-k; any τ of ``λ = softmax(s/τ)``; top-1) is an
 exact function of them and costs no further LM call. Batches are written atomically as
 ``.npz`` (arrays only, read with ``allow_pickle=False``) under a folder named by the digest of
-everything that decides the numbers: an interrupted run resumes where it stopped.
+everything that decides the numbers: an interrupted run resumes where it stopped. Beneath
+them, every (branch, target) pair the LM scores goes to the cache root's ``lm_scores/``
+(:class:`~replug_jax.lm.score_store.StoredLM`, the store the LSR pools use): another
+configuration of the same windows (a larger ``k``, a control) scores only the pairs it adds.
 
 **Leakage.** A window leaks into a passage when its target shares a word ``leak_ngram``-gram
 (lower-cased ``\\w+`` words; WikiText's ``@-@`` joins undone) with the passage. The rate is
@@ -37,6 +40,7 @@ from experiments.lib.common import ROOT, load_retriever, require_data
 from replug_jax.core.ensemble import mixture_logprobs, retrieval_log_weights
 from replug_jax.eval.perplexity import WindowSettings, sliding_windows, split_wikitext
 from replug_jax.fileio import atomic_path, write_text_atomic
+from replug_jax.lm.score_store import ScoreStore, StoredLM, scorer_identity
 from replug_jax.replug import Replug
 from replug_jax.retrieval.build import build_index
 from replug_jax.retrieval.corpus import (
@@ -214,6 +218,7 @@ def setup(cfg, lm, progress: bool = True, sources=SOURCES) -> Setup:
     if not windows:
         raise ValueError("no evaluated article is longer than skip_first tokens")
     retriever = load_retriever(cfg.retriever)
+    lm = StoredLM(lm, ScoreStore(cache_root(cfg) / "lm_scores", scorer_identity(lm)))
     pipes = {"none": Replug(lm, k=cfg.k, mode="none")}
     exclusions = {"none": [[] for _ in windows]}
     leakage, main_n, control_n = {}, 0, 0
@@ -261,9 +266,12 @@ def cache_folder(cfg, st: Setup, source: str = "none") -> pathlib.Path:
               if k not in _NOT_SCORES and (source in _CONTROL or k not in _CONTROL_FIELDS)}
     spec = json.dumps({"config": fields, "windows": [(w.source_id, w.span) for w in st.windows]},
                       sort_keys=True, default=str)
-    digest = hashlib.sha256(spec.encode()).hexdigest()[:16]
-    root = pathlib.Path(cfg.cache) if cfg.cache else ROOT / "runs" / "lm_datastore"
-    return root / digest
+    return cache_root(cfg) / hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def cache_root(cfg) -> pathlib.Path:
+    """Where the scored batches (one folder per configuration) and the LM-score store live."""
+    return pathlib.Path(cfg.cache) if cfg.cache else ROOT / "runs" / "lm_datastore"
 
 
 def _save_npz(path: pathlib.Path, **arrays) -> None:

@@ -12,5 +12,5 @@ __getattr__, __dir__, __all__ = exports(__name__, {
     **dict.fromkeys(("LMScorer", "ContinuationScore", "CostMeter", "CapabilityError",
                      "NEXT_TOKEN", "SCORE", "TOP_LOGPROBS", "ENSEMBLE_DECODE"), "scorer"),
     "FlaxLM": "flax_scorer", "APIScorer": "api_scorer",
-    "ScoreStore": "score_store", "pair_key": "score_store",
+    "ScoreStore": "score_store", "StoredLM": "score_store", "pair_key": "score_store",
 })
