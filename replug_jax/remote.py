@@ -66,6 +66,8 @@ def local_copy(path, *, progress: bool = True) -> pathlib.Path:
         return dest
     tmp = dest.parent / f".{name}.partial{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    if "" not in listing:  # a folder (an empty one included)
+        tmp.mkdir(parents=True)
     bar = tqdm(total=sum(listing.values()), unit="B", unit_scale=True, desc=f"copying {url}",
                disable=not progress)
     for rel in listing:

@@ -83,6 +83,9 @@ def test_a_missing_remote_path_is_one_clear_error(bucket):
     with pytest.raises(FileNotFoundError, match="gs://bucket/nothing: no such remote"):
         local_copy("gs://bucket/nothing")
     assert local_copy("some/local/path").as_posix() == "some/local/path"
+    (bucket / "empty").mkdir()
+    copy = local_copy("gs://bucket/empty")
+    assert copy.is_dir() and not any(copy.iterdir())
 
 
 def test_a_remote_work_directory_is_refused_not_made_locally(tmp_path, monkeypatch):
