@@ -99,3 +99,17 @@ def test_a_remote_work_directory_is_refused_not_made_locally(tmp_path, monkeypat
         LSRTrainer(BASE, "gs://bucket/run", retriever=tiny_retriever(0), lm_scorer=tiny_lm(0),
                    passages=PASSAGES, train=TRAIN, progress=False)
     assert not (tmp_path / "gs:").exists()
+
+
+def test_the_cli_takes_a_remote_index(bucket, capsys):
+    """``replug index info gs://...`` reads the copy (pathlib alone turns gs:// into gs:/)."""
+    from replug_jax.cli import main
+    from replug_jax.retrieval import Index
+    from replug_jax.retrieval.corpus import Passage
+
+    emb = np.random.default_rng(0).normal(size=(12, 8)).astype(np.float32)
+    Index.build(emb, [Passage(i, f"p {i}") for i in range(12)]).save(bucket / "idx")
+    assert main(["index", "info", "gs://bucket/idx"]) == 0
+    assert "12 passages × 8" in capsys.readouterr().out
+    assert main(["index", "info", "gs://bucket/none"]) == 2
+    assert "gs://bucket/none: no such remote" in capsys.readouterr().err

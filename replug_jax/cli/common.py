@@ -9,6 +9,8 @@ import os
 import pathlib
 import sys
 
+from replug_jax.remote import is_remote, local_copy
+
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``replug: error: …``, exit 2)."""
@@ -55,6 +57,11 @@ def existing_dir(text: str) -> pathlib.Path:
 
 
 def index_dir(text: str) -> pathlib.Path:
+    if is_remote(text):  # gs://...: its local copy (pathlib would read "gs:/..." as local)
+        try:
+            return local_copy(text)
+        except (FileNotFoundError, RuntimeError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
     path = pathlib.Path(text)
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: no such index directory")
