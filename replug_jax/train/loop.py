@@ -223,7 +223,8 @@ class LSRTrainer:
             scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
                                     cfg.separator, cfg.lm_score)
         # pairs newly scored for this step, here or ahead of it: the same count either way
-        new += len(prefetched & self.pair_keys(examples, hits.ids))
+        if prefetched:
+            new += len(prefetched & self.pair_keys(examples, hits.ids))
         lm_seconds = time.perf_counter() - t0
         q_ids, q_mask = _quietly(self._tokenize, [e.query for e in examples],
                                  cfg.query_max_length, self.retriever.query_truncation)

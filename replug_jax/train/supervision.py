@@ -83,12 +83,13 @@ def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
     longer than the LM context allows are cut from the end (:func:`fit_document`). The new
     pairs are scored ``chunk`` at a time and stored as one part (a kill loses one call's).
     ``count=False``: leave the cache's hit and miss counts alone (a prefetch)."""
-    pairs = {cache.key(ex, passages_by_id[int(d)], separator): (ex, int(d))
-             for ex, row in zip(examples, doc_ids_BK) for d in row if d >= 0}
-    lookups = sum(int(d >= 0) for row in doc_ids_BK for d in row)
+    keyed = [(b, k, cache.key(ex, passages_by_id[int(d)], separator), ex, int(d))
+             for b, (ex, row) in enumerate(zip(examples, doc_ids_BK))
+             for k, d in enumerate(row) if d >= 0]
+    pairs = {key: (ex, d) for _, _, key, ex, d in keyed}
     missing = [key for key in pairs if key not in cache]
     if count:
-        cache.hits += lookups - len(missing)
+        cache.hits += len(keyed) - len(missing)
         cache.misses += len(missing)
     new_rows, t0 = [], time.perf_counter()
     for start in range(0, len(missing), chunk):
@@ -99,9 +100,7 @@ def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
         new_rows += [s.logprobs for s in scored]
     cache.add(missing, new_rows, time.perf_counter() - t0)
     out = np.zeros(doc_ids_BK.shape, np.float32)
-    for b, (ex, row) in enumerate(zip(examples, doc_ids_BK)):
-        for k, d in enumerate(row):
-            if d >= 0:
-                total, n = cache.totals(cache.key(ex, passages_by_id[int(d)], separator))
-                out[b, k] = total if reduction == "sum" else total / max(n, 1)
+    for b, k, key, _, _ in keyed:  # each pair's key made once
+        total, n = cache.totals(key)
+        out[b, k] = total if reduction == "sum" else total / max(n, 1)
     return out, len(missing)
