@@ -32,49 +32,33 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import pathlib
 
 import numpy as np
 
-from experiments.lib import lm_datastore
-from experiments.lib.common import load_lm, parse_experiment_args, provenance, run
-from experiments.configs.lsr_qa import CONFIGS, PRIMARY_ENDPOINT, RECALL_ENDPOINT
-from experiments.lib.lsr_common import (
-    label,
-    min_detectable,
-    save_params,
-    slug,
-    trained_with,
-    variants,
-)
+from experiments.lib import lm_datastore, lsr_qa_report
+from experiments.lib.common import load_lm, run
+from experiments.configs.lsr_qa import CONFIGS
+from experiments.lib.lsr_common import slug
 from experiments.lib.lsr_qa_data import (
-    SPLITS,
     base_retrieval,
     examples_of,
     generate_answers,
     nq_transfer,
     open_study,
 )
-from experiments.lib.lsr_qa_report import chosen_name, release, write_report
-from replug_jax.eval.qa import exact_match, f1_score
-from replug_jax.eval.stats import paired_bootstrap
-from replug_jax.fileio import write_json_atomic
+from experiments.lib.lsr_qa_report import chosen_name
+from experiments.lib.lsr_qa_results import BASE, across_folds
+from experiments.lib.pool_study import Fold, run_params, run_study
 from replug_jax.lm.score_store import ScoreStore, scorer_identity
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.timing import Timer
 from replug_jax.train.pool import (
     build_pool,
     embed_pool,
     oracle_logliks,
     pool_logliks,
     score_pairs,
-    train_on_pool,
 )
-from replug_jax.train.refresh import unflatten_params
-from replug_jax.train.release import passes as release_passes
-
-BASE = "base retriever"
 
 
 def retrieve(store, retriever, params, questions, k: int):
@@ -137,14 +121,6 @@ def end_to_end(res, logprobs: dict, length_E: np.ndarray, tau, k: int) -> np.nda
     return lm_datastore.window_logliks(scored, tau=tau)
 
 
-def compare(a, b, articles, cfg) -> dict:
-    """Mean of ``a`` − mean of ``b`` over the same questions, 95 % interval resampling whole
-    articles (questions, if they all come from one article)."""
-    return paired_bootstrap(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                            clusters=articles if len(set(articles)) > 1 else None,
-                            resamples=cfg.bootstrap_resamples, seed=cfg.seed)
-
-
 def score_pools(study, examples, lm, retriever, cfg, work, progress, store, carry):
     """Each pool set's pools (its questions' top-``pool_size`` by the base retriever, kept in
     ``carry``, scored once by the LM through the content-keyed ``store``), the base retrieval
@@ -169,276 +145,201 @@ def score_pools(study, examples, lm, retriever, cfg, work, progress, store, carr
     return pools, base_res, by_id
 
 
-def train_variants(cfg, retriever, pools, examples, by_id, frozen, run_dir, progress,
-                   dev_recall=None) -> dict:
-    """Every variant trained on the fold's train pool, early-stopped on its dev pool or on
-    ``dev_recall(params)`` (or read back from ``run_dir`` when an earlier run trained it with
-    the same settings)."""
-    runs = {}
-    for v in variants(cfg):
-        name = label(v)
-        out = run_dir / f"{slug(name)}.json"
-        params_file = out.with_suffix(".npz")
-        if not (out.exists() and trained_with(json.loads(out.read_text()).get("config"), v)):
-            fit = train_on_pool(retriever, pools["train"], examples["train"], pools["dev"],
-                                examples["dev"], by_id, v, progress=progress,
-                                frozen_docs=frozen, dev_recall=dev_recall)
-            save_params(fit["params"], params_file, {"variant": name})
-            write_json_atomic({"config": vars(v), "best_step": fit["best_step"],
-                               "steps_run": fit["steps_run"], "curve": fit["curve"],
-                               "seconds": round(fit["seconds"], 1)}, out)
-        runs[name] = json.loads(out.read_text())
-        runs[name]["params"] = unflatten_params(
-            dict(np.load(params_file, allow_pickle=False)), retriever.params)
-    return runs
+def _rows_of(res, rows):
+    """The retrieval ``res`` restricted to ``rows`` (its questions in that order)."""
+    return dataclasses.replace(res, ids=res.ids[rows], scores=res.scores[rows],
+                               passages=[res.passages[i] for i in rows])
 
 
-def run_fold(f, study, cfg, lm, retriever, pools_all, examples_all, base_all, by_id, frozen,
-             work, progress, store=None) -> dict:
-    """Train and test one fold: per retriever, τ fitted on dev, the end-to-end test
-    log-likelihoods, gold-paragraph hits and (base and chosen) greedy answers."""
-    split = study.folds[f]
-    pools = {s: pools_all[n].subset(rows) for s, (n, rows) in split.items()}
-    examples = {s: [examples_all[n][i] for i in rows] for s, (n, rows) in split.items()}
-    test_qs = study.questions(f, "test")
-    for s in ("train", "dev"):
-        embed_pool(retriever, None, pools[s], examples[s], by_id, None, frozen)
-    base_scores = {s: pools[s].branches.scores_NK for s in ("dev", "test")}
-    out = {"questions": {s: study.questions(f, s) for s in split},
-           "base_ll": {s: pool_logliks(pools[s], base_scores[s], cfg.k) for s in base_scores},
-           "oracle": {s: oracle_logliks(pools[s], cfg.k) for s in base_scores},
-           "tau": {}, "dev_ll": {}, "ll": {}, "hits": {}, "answers": {},
-           "test_pool_size": pools["test"].doc_ids_EM.shape[1]}
-    (work / "runs").mkdir(parents=True, exist_ok=True)
-    dev_qs = study.questions(f, "dev")
-    dev_gold = np.array([q.paragraph for q in dev_qs])
+@dataclasses.dataclass
+class QATask:
+    """The QA study as a pool-study task (:mod:`experiments.lib.pool_study`): the models, the
+    questions and datastore (:func:`experiments.lib.lsr_qa_data.open_study`), the pools of
+    each pool set and the base retrievals."""
+    cfg: object
+    args: object
+    work: pathlib.Path
+    lm: object
+    retriever: Retriever
+    study: object
+    examples: dict  # pool set -> examples
+    carry: pathlib.Path
+    store: ScoreStore
+    progress: bool = True
+    frozen: dict = dataclasses.field(default_factory=dict)  # base embeddings, encoded once
+    pools: dict = dataclasses.field(default_factory=dict)
+    base_res: dict = dataclasses.field(default_factory=dict)
+    by_id: dict = dataclasses.field(default_factory=dict)
 
-    def dev_recall(params) -> float:  # the gold paragraph at rank 1 of the whole datastore
-        return float(np.mean(retrieve(study.store, retriever, params, dev_qs, 1).ids[:, 0]
-                             == dev_gold))
+    @staticmethod
+    def add_args(ap) -> None:
+        ap.add_argument("--carry", type=pathlib.Path, default=None, metavar="DIR",
+                        help="where the study keeps what is costly to make and small to keep "
+                             "(default: the work folder): DIR/lm_scores, the LM's pair scores "
+                             "keyed by their text (pairs found there are never scored again), "
+                             "and DIR/retrievals, the base retriever's top passages of each "
+                             "pool set; copy or commit it to resume the scoring on another "
+                             "machine without encoding the datastore again")
 
-    runs = train_variants(cfg, retriever, pools, examples, by_id, frozen, work / "runs",
-                          progress, dev_recall if cfg.select_on == "recall@1" else None)
-    out["runs"], out["chosen"] = runs, chosen_name(runs)
-    # EM / F1 on test questions spread evenly over the fold's (article-grouped) list
-    n_gen = min(-(-cfg.max_generate // len(study.folds)), len(test_qs))
-    out["gen_rows"] = np.unique(np.linspace(0, len(test_qs) - 1, n_gen).round().astype(int))
-    gold = np.array([q.paragraph for q in test_qs])
-    base_test = base_all[split["test"][0]]
-    tag = "" if split["test"][0] == "test" else f"{split['test'][0]}_"  # answers file names
-    results = {}
-    for name, params in {BASE: None, **{n: r["params"] for n, r in runs.items()}}.items():
-        dev_s = (base_scores["dev"] if params is None else
-                 pool_scores(retriever, params, pools["dev"], examples["dev"], by_id, frozen))
-        out["tau"][name], out["dev_ll"][name] = fit_tau(pools["dev"], dev_s, cfg.k,
-                                                        cfg.tau_grid)
-        rows = split["test"][1]
-        results[name] = res = (
-            dataclasses.replace(base_test, ids=base_test.ids[rows],
-                                scores=base_test.scores[rows],
-                                passages=[base_test.passages[i] for i in rows])
-            if params is None else retrieve(study.store, retriever, params, test_qs,
-                                            max(cfg.k, *cfg.recall_ks)))
-        out["hits"][name] = {r: (res.ids[:, :r] == gold[:, None]).any(1).astype(float)
-                             for r in cfg.recall_ks}
-        if study.recall_test is not None:  # recall on every test question, LM pool or not
-            wide = retrieve(study.store, retriever, params, study.recall_test,
-                            max(cfg.recall_ks))
-            every_gold = np.array([q.paragraph for q in study.recall_test])
-            out.setdefault("recall_hits", {})[name] = {
-                r: (wide.ids[:, :r] == every_gold[:, None]).any(1).astype(float)
-                for r in cfg.recall_ks}
-    logprobs = pair_logprobs(results, examples["test"], pools["test"], lm, by_id, work, cfg.k,
-                             progress, cfg.part_size, store)
-    length = pools["test"].branches.token_mask_NT.sum(1)
-    for name, res in results.items():
-        out["ll"][name] = end_to_end(res, logprobs, length, out["tau"][name], cfg.k)
-        if out["gen_rows"].size and name in (BASE, out["chosen"]):
-            g = out["gen_rows"]
-            sub = dataclasses.replace(res, ids=res.ids[g], scores=res.scores[g],
-                                      passages=[res.passages[i] for i in g])
-            out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
-                lm, [examples["test"][i] for i in g], sub, out["tau"][name], cfg.k,
-                cfg.max_new_tokens, work / f"answers_{tag}{slug(name).replace(' ', '_')}.json",
-                progress=progress)
-    out["alone"] = np.array([r.total for r in lm.score_continuations(
-        [e.context for e in examples["test"]], [e.continuation for e in examples["test"]])],
-        np.float64)
-    return out
-
-
-def _stage_arg(ap) -> None:
-    ap.add_argument("--stage", choices=("pools", "all"), default="all",
-                    help="pools: build the datastore and score every pool (resumable), then "
-                         "stop before any training; all: the whole study")
-    ap.add_argument("--carry", type=pathlib.Path, default=None, metavar="DIR",
-                    help="where the study keeps what is costly to make and small to keep "
-                         "(default: the work folder): DIR/lm_scores, the LM's pair scores "
-                         "keyed by their text (pairs found there are never scored again), and "
-                         "DIR/retrievals, the base retriever's top passages of each pool set; "
-                         "copy or commit it to resume the scoring on another machine without "
-                         "encoding the datastore again")
-
-
-def main(argv=None):
-    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS, extra=_stage_arg)
-    if cfg.k > min(cfg.pool_size, cfg.test_pool_size or cfg.pool_size):
-        raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} (test "
-                         f"{cfg.test_pool_size or cfg.pool_size}) candidates")
-    if cfg.towers != "query":
-        raise ValueError("lsr_qa trains the query tower only (towers=query): a shared encoder "
-                         "would re-embed the whole datastore for every variant's test")
-    progress = not args.no_progress
-    work = pathlib.Path(cfg.workdir) / (cfg.work or args.config)
-    work.mkdir(parents=True, exist_ok=True)
-    with Timer() as sw:
+    @classmethod
+    def open(cls, cfg, args) -> "QATask":
+        if cfg.k > min(cfg.pool_size, cfg.test_pool_size or cfg.pool_size):
+            raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} (test "
+                             f"{cfg.test_pool_size or cfg.pool_size}) candidates")
+        if cfg.towers != "query":
+            raise ValueError("lsr_qa trains the query tower only (towers=query): a shared "
+                             "encoder would re-embed the whole datastore for every variant's "
+                             "test")
+        progress = not args.no_progress
+        work = pathlib.Path(cfg.workdir) / (cfg.work or args.config)
+        work.mkdir(parents=True, exist_ok=True)
         lm = load_lm(cfg.lm, cfg.lm_max_context)
         retriever = Retriever.load(cfg.retriever)
         study = open_study(cfg, retriever, lm, work, progress)
         examples = {n: examples_of(qs) for n, qs in study.pool_sets.items()}
         carry = args.carry or work
-        store = ScoreStore(carry / "lm_scores", scorer_identity(lm))
-        pools, base_res, by_id = score_pools(study, examples, lm, retriever, cfg, work,
-                                             progress, store, carry)
-        if args.stage == "pools":
-            for name, pool in pools.items():
-                print(f"pool {name}: {len(pool)} questions, {pool.provenance['pairs']} pairs "
-                      f"({pool.provenance.get('pairs_per_second', '?')} pairs/s)")
-            return
-        frozen: dict = {}  # base embeddings of the pool passages, encoded once
-        single = len(study.folds) == 1
-        folds = [run_fold(f, study, cfg, lm, retriever, pools, examples, base_res, by_id,
-                          frozen, work if single else work / f"fold{f}", progress, store)
-                 for f in range(len(study.folds))]
-    payload, rows, chosen = summarize(folds, cfg, study)
-    if getattr(cfg, "transfer_nq", False) and len(folds) == 1:  # reported, not gated
-        payload["transfer_nq"] = nq_transfer(cfg, retriever, folds[0]["runs"][chosen]["params"],
-                                             work, progress, base=BASE)
-    payload.update(lm_pairs_scored=sum(p.provenance["pairs"] for p in pools.values()),
-                   pairs_per_second=[p.provenance["pairs_per_second"] for p in pools.values()
-                                     if "pairs_per_second" in p.provenance],
-                   seconds=sw.seconds, provenance=provenance())
-    if payload["passes"] and cfg.release and single:
-        payload["released"] = str(release(retriever, folds[0]["runs"][chosen]["params"], cfg,
-                                          chosen, rows, payload))
-    write_report(payload, rows, cfg, args, chosen)
+        return cls(cfg, args, work, lm, retriever, study, examples, carry,
+                   ScoreStore(carry / "lm_scores", scorer_identity(lm)), progress)
+
+    def build_pools(self) -> None:
+        self.pools, self.base_res, self.by_id = score_pools(
+            self.study, self.examples, self.lm, self.retriever, self.cfg, self.work,
+            self.progress, self.store, self.carry)
+
+    def pools_summary(self) -> list[str]:
+        return [f"pool {name}: {len(pool)} questions, {pool.provenance['pairs']} pairs "
+                f"({pool.provenance.get('pairs_per_second', '?')} pairs/s)"
+                for name, pool in self.pools.items()]
+
+    def diagnostics(self) -> tuple[dict, bool]:
+        return {}, False  # the oracle's headroom is measured per fold, in the summary
+
+    def folds(self) -> list[Fold]:
+        single = len(self.study.folds) == 1
+        out = []
+        for f, split in enumerate(self.study.folds):
+            pools = {s: self.pools[n].subset(rows) for s, (n, rows) in split.items()}
+            examples = {s: [self.examples[n][i] for i in rows] for s, (n, rows) in split.items()}
+            for s in ("train", "dev"):  # the base embeddings of their passages, once
+                embed_pool(self.retriever, None, pools[s], examples[s], self.by_id, None,
+                           self.frozen)
+            recall = self._dev_recall(f) if self.cfg.select_on == "recall@1" else None
+            run_dir = (self.work if single else self.work / f"fold{f}") / "runs"
+            out.append(Fold(f, pools, examples, run_dir, recall))
+        return out
+
+    def _dev_recall(self, f: int):
+        dev_qs = self.study.questions(f, "dev")
+        dev_gold = np.array([q.paragraph for q in dev_qs])
+
+        def dev_recall(params) -> float:  # the gold paragraph at rank 1 of the whole datastore
+            return float(np.mean(retrieve(self.study.store, self.retriever, params, dev_qs,
+                                          1).ids[:, 0] == dev_gold))
+        return dev_recall
+
+    def measure(self, fold: Fold, params) -> dict:
+        return {}
+
+    def choose(self, fold: Fold, runs: dict) -> str:
+        return chosen_name(runs)
+
+    def test(self, fold: Fold, runs: dict, chosen: str) -> dict:
+        """Per retriever (the base, each run): τ fitted on dev, the end-to-end test
+        log-likelihoods, gold-paragraph hits and (base and chosen) greedy answers."""
+        cfg, f = self.cfg, fold.index
+        test_qs = self.study.questions(f, "test")
+        pools, examples = fold.pools, fold.examples
+        base_scores = {s: pools[s].branches.scores_NK for s in ("dev", "test")}
+        out = {"questions": {s: self.study.questions(f, s) for s in self.study.folds[f]},
+               "base_ll": {s: pool_logliks(pools[s], base_scores[s], cfg.k)
+                           for s in base_scores},
+               "oracle": {s: oracle_logliks(pools[s], cfg.k) for s in base_scores},
+               "tau": {}, "dev_ll": {}, "ll": {}, "hits": {}, "answers": {},
+               "test_pool_size": pools["test"].doc_ids_EM.shape[1],
+               "runs": runs, "chosen": chosen}
+        # EM / F1 on test questions spread evenly over the fold's (article-grouped) list
+        n_gen = min(-(-cfg.max_generate // len(self.study.folds)), len(test_qs))
+        out["gen_rows"] = np.unique(np.linspace(0, len(test_qs) - 1, n_gen).round().astype(int))
+        params = {BASE: None, **{n: run_params(self.retriever, fold, n) for n in runs}}
+        out["params"] = params[chosen]
+        results = {name: self.retrieval(fold, name, p, base_scores["dev"], out)
+                   for name, p in params.items()}
+        logprobs = pair_logprobs(results, examples["test"], pools["test"], self.lm, self.by_id,
+                                 self.work, cfg.k, self.progress, cfg.part_size, self.store)
+        length = pools["test"].branches.token_mask_NT.sum(1)
+        for name, res in results.items():
+            out["ll"][name] = end_to_end(res, logprobs, length, out["tau"][name], cfg.k)
+            if out["gen_rows"].size and name in (BASE, chosen):
+                self.answers(fold, name, _rows_of(res, out["gen_rows"]), out)
+        out["alone"] = np.array([r.total for r in self.lm.score_continuations(
+            [e.context for e in examples["test"]], [e.continuation for e in examples["test"]])],
+            np.float64)
+        return out
+
+    def retrieval(self, fold: Fold, name: str, params, base_dev_scores, out: dict):
+        """Retriever ``name``'s τ fitted on the dev pool, its top passages of the fold's test
+        questions (the base's are kept) and its hits at each recall cut-off, into ``out``;
+        returns the retrieval."""
+        cfg, study, pools = self.cfg, self.study, fold.pools
+        dev_s = (base_dev_scores if params is None else pool_scores(
+            self.retriever, params, pools["dev"], fold.examples["dev"], self.by_id,
+            self.frozen))
+        out["tau"][name], out["dev_ll"][name] = fit_tau(pools["dev"], dev_s, cfg.k,
+                                                        cfg.tau_grid)
+        set_name, rows = study.folds[fold.index]["test"]
+        test_qs = study.questions(fold.index, "test")
+        res = (_rows_of(self.base_res[set_name], rows) if params is None else
+               retrieve(study.store, self.retriever, params, test_qs, max(cfg.k, *cfg.recall_ks)))
+        gold = np.array([q.paragraph for q in test_qs])
+        out["hits"][name] = {r: (res.ids[:, :r] == gold[:, None]).any(1).astype(float)
+                             for r in cfg.recall_ks}
+        if study.recall_test is not None:  # recall on every test question, LM pool or not
+            wide = retrieve(study.store, self.retriever, params, study.recall_test,
+                            max(cfg.recall_ks))
+            every_gold = np.array([q.paragraph for q in study.recall_test])
+            out.setdefault("recall_hits", {})[name] = {
+                r: (wide.ids[:, :r] == every_gold[:, None]).any(1).astype(float)
+                for r in cfg.recall_ks}
+        return res
+
+    def answers(self, fold: Fold, name: str, sub, out: dict) -> None:
+        """Greedy REPLUG answers with retriever ``name``'s top-k (``sub``: its retrieval of
+        the generating rows), kept in the work folder."""
+        cfg = self.cfg
+        set_name = self.study.folds[fold.index]["test"][0]
+        tag = "" if set_name == "test" else f"{set_name}_"  # answers file names
+        out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
+            self.lm, [fold.examples["test"][i] for i in out["gen_rows"]], sub,
+            out["tau"][name], cfg.k, cfg.max_new_tokens,
+            self.work / f"answers_{tag}{slug(name).replace(' ', '_')}.json",
+            progress=self.progress)
+
+    def summarize(self, tested: list[dict], diagnostics: dict) -> tuple[dict, object]:
+        """All folds together (:func:`experiments.lib.lsr_qa_results.across_folds`), the NQ
+        transfer where asked, and the pairs the LM scored; the chosen's parameters when
+        there is one fold (a release is of one retriever)."""
+        cfg = self.cfg
+        payload, _, chosen = across_folds(tested, cfg, self.study)
+        params = tested[0]["params"] if len(tested) == 1 else None
+        if getattr(cfg, "transfer_nq", False) and params is not None:  # reported, not gated
+            payload["transfer_nq"] = nq_transfer(cfg, self.retriever, params, self.work,
+                                                 self.progress, base=BASE)
+        pools = self.pools.values()
+        payload.update(lm_pairs_scored=sum(p.provenance["pairs"] for p in pools),
+                       pairs_per_second=[p.provenance["pairs_per_second"] for p in pools
+                                         if "pairs_per_second" in p.provenance])
+        return payload, params
+
+    def card(self, payload: dict) -> tuple[dict, str]:
+        return lsr_qa_report.card(self.cfg, self.retriever, payload)
+
+    def report(self, payload: dict) -> None:
+        lsr_qa_report.write_report(payload, payload["systems"], self.cfg, self.args,
+                                   payload["chosen"])
 
 
-def recall_endpoint(cfg, folds: list[dict], hits: dict, study, art: list) -> dict:
-    """The primary endpoint of a recall study: recall@r on every test question
-    (``study.recall_test``, or the LM's test questions), each retriever against the base,
-    clustered by article."""
-    hits_all = folds[0].get("recall_hits") or {n: hits[n] for n in hits}
-    wide_art = [q.article for q in study.recall_test] if study.recall_test is not None else art
-    return {"questions": len(wide_art), "articles": len(set(wide_art)),
-            "recall": {n: {str(r): float(h[r].mean()) for r in cfg.recall_ks}
-                       for n, h in hits_all.items()},
-            "vs_base": {n: {str(r): compare(h[r], hits_all[BASE][r], wide_art, cfg)
-                            for r in cfg.recall_ks}
-                        for n, h in hits_all.items() if n != BASE}}
-
-
-def answer_scores(folds: list[dict], test_qs: list, art: list, cfg) -> dict:
-    """EM / F1 of the base's and the chosen retriever's generated answers on the test rows
-    that generated, and chosen − base (clustered by article) when both did."""
-    qa, offset, gen = {}, 0, []
-    for f in folds:
-        gen += (offset + f["gen_rows"]).tolist()
-        offset += len(f["questions"]["test"])
-    refs = [test_qs[i].answers for i in gen]
-    for who in (BASE, "chosen"):
-        preds = [a for f in folds for a in f["answers"].get(who, [])]
-        if len(preds) == len(gen) and gen:
-            qa[who] = {"em": [exact_match(p, a) for p, a in zip(preds, refs)],
-                       "f1": [f1_score(p, a) for p, a in zip(preds, refs)],
-                       "predictions": preds, "test_rows": gen}
-    if len(qa) == 2:
-        qa["chosen_vs_base"] = {m: compare(qa["chosen"][m], qa[BASE][m], [art[i] for i in gen],
-                                           cfg) for m in ("em", "f1")}
-    return qa
-
-
-def release_rule_text(passes: bool, gated: bool, margin: float) -> str:
-    """The release rule's verdict in words (``gated``: the log-likelihood's lower bound must
-    also stay above −margin)."""
-    if passes:
-        return ("passes: the chosen retriever beats its base with a 95 % interval excluding "
-                "zero" + (" and its gold-answer log-likelihood's lower bound is above "
-                          f"−{margin:g} nats" if gated else ""))
-    return ("fails: not better than its base with an interval excluding zero"
-            + (", or the gold-answer log-likelihood's lower bound is below "
-               f"−{margin:g} nats" if gated else "") + "; nothing is released")
-
-
-def summarize(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
-    """All folds' test questions together: per retriever its rows, the primary endpoint
-    (the variant chosen on dev in each fold − the base), the diagnostics and EM / F1."""
-    cat = lambda key, name: np.concatenate([f[key][name] for f in folds])  # noqa: E731
-    test_qs = [q for f in folds for q in f["questions"]["test"]]
-    art = [q.article for q in test_qs]
-    names = list(folds[0]["ll"])
-    ll = {n: cat("ll", n) for n in names}
-    hits = {n: {r: np.concatenate([f["hits"][n][r] for f in folds]) for r in cfg.recall_ks}
-            for n in names}
-    picks = [f["chosen"] for f in folds]
-    chosen = picks[0] if len(set(picks)) == 1 else "chosen on dev in each fold"
-    if chosen not in ll:  # the folds chose different variants: their choices together
-        ll[chosen] = np.concatenate([f["ll"][c] for f, c in zip(folds, picks)])
-        hits[chosen] = {r: np.concatenate([f["hits"][c][r] for f, c in zip(folds, picks)])
-                        for r in cfg.recall_ks}
-        for f, c in zip(folds, picks):
-            f["tau"][chosen], f["dev_ll"][chosen] = f["tau"][c], f["dev_ll"][c]
-    rows = {}
-    for n in ll:
-        rows[n] = {"tau_per_fold": [f["tau"][n] for f in folds],
-                   "dev_loglik": float(np.mean([f["dev_ll"][n] for f in folds])),
-                   "test_loglik": float(np.mean(ll[n])),
-                   **{f"recall@{r}": float(h.mean()) for r, h in hits[n].items()}}
-        if len(folds) == 1:
-            rows[n]["tau"] = folds[0]["tau"][n]
-        if n != BASE:
-            rows[n]["vs_base"] = compare(ll[n], ll[BASE], art, cfg)
-            for r in cfg.recall_ks:
-                rows[n][f"recall@{r}_vs_base"] = compare(hits[n][r], hits[BASE][r], art, cfg)
-    primary = rows[chosen]["vs_base"]
-    passes = release_passes(primary, higher_is_better=True)
-    wide = None
-    if getattr(cfg, "primary", "loglik") == "recall@1":
-        wide = recall_endpoint(cfg, folds, hits, study, art)
-        gate = rows[chosen]["vs_base"]
-        primary = wide["vs_base"][chosen]["1"]
-        passes = release_passes(primary, higher_is_better=True) and \
-            gate["low"] > -cfg.loglik_margin
-    dev_art = [q.article for f in folds for q in f["questions"]["dev"]]
-    headroom = {"dev": compare(cat("oracle", "dev"), cat("base_ll", "dev"), dev_art, cfg),
-                "test": compare(cat("oracle", "test"), cat("base_ll", "test"), art, cfg)
-                if all(f["test_pool_size"] > cfg.k for f in folds) else None}  # else: no room
-    qa = answer_scores(folds, test_qs, art, cfg)
-    runs = {(n if len(folds) == 1 else f"fold {i}: {n}"): {k: v for k, v in r.items()
-                                                         if k != "params"}
-            for i, f in enumerate(folds) for n, r in f["runs"].items()}
-    payload = {
-        "config": vars(cfg), "chosen": chosen, "recall_test": wide,
-        "primary_endpoint": (PRIMARY_ENDPOINT if wide is None else RECALL_ENDPOINT),
-        "chosen_per_fold": picks, "primary": primary,
-        "min_detectable_nats": min_detectable(primary),
-        "detectable_effect_stated": cfg.detectable_effect, "passes": passes,
-        "release_rule": release_rule_text(passes, wide is not None, cfg.loglik_margin),
-        "systems": rows, "oracle_vs_base": headroom,
-        "lm_alone_test_loglik": float(np.concatenate([f["alone"] for f in folds]).mean()),
-        "qa": qa, "folds": len(folds),
-        "questions": {s: sum(len(f["questions"][s]) for f in folds) for s in SPLITS},
-        "questions_per_fold": {s: [len(f["questions"][s]) for f in folds] for s in SPLITS},
-        "articles": {s: len({q.article for f in folds for q in f["questions"][s]})
-                     for s in SPLITS},
-        "datastore_passages": len(study.store), "runs": runs,
-        "per_example": {"test": {
-            "ids": [q.id for q in test_qs], "articles": art,
-            "lm_alone": np.concatenate([f["alone"] for f in folds]).tolist(),
-            "loglik": {n: np.round(v, 5).tolist() for n, v in ll.items()},
-            "hits": {n: {str(r): h.astype(int).tolist() for r, h in hs.items()}
-                     for n, hs in hits.items()}}}}
-    return payload, rows, chosen
+def main(argv=None):
+    run_study(QATask, argv, __doc__, CONFIGS)
 
 
 if __name__ == "__main__":

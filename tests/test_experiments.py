@@ -603,7 +603,9 @@ def test_lsr_study_tiny(data, tmp_path, monkeypatch):
 
     monkeypatch.setitem(lsr_study.CONFIGS, "tiny_fresh",
                         dataclasses.replace(lsr_study.CONFIGS["tiny"], work="tiny"))
-    monkeypatch.setattr(lsr_study, "train_on_pool", lambda *a, **k: pytest.fail("trained"))
+    from experiments.lib import pool_study
+
+    monkeypatch.setattr(pool_study, "train_on_pool", lambda *a, **k: pytest.fail("trained"))
     fresh = argv[:1] + ["tiny_fresh"] + argv[2:]
     fresh[fresh.index(f"test_data={wiki}/test.jsonl")] = f"test_data={wiki}/dev.jsonl"
     lsr_study.main(fresh)

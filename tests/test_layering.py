@@ -5,6 +5,8 @@ import ast
 import pathlib
 import re
 
+import pytest
+
 import replug_jax
 
 ROOT = pathlib.Path(replug_jax.__file__).parent
@@ -68,18 +70,18 @@ def test_layout_page_names_every_module():
     assert not missing, f"docs/layout.md does not name: {missing}"
 
 
-def test_no_import_circle_between_modules_even_inside_functions():
-    """The graph of modules (packages' ``__init__`` re-exports aside), every `from replug_jax.…
-    import` counted, function-local ones too (which would otherwise hide a circle), has no
-    cycle."""
+def import_circles(root: pathlib.Path, package: str) -> list[tuple[str, str]]:
+    """Pairs of modules under ``root`` (the package ``package``) that import each other,
+    directly or not: every `from package.… import` counted, function-local ones too (which
+    would otherwise hide a circle), packages' ``__init__`` re-exports aside."""
     graph: dict[str, set[str]] = {}
-    for path in ROOT.rglob("*.py"):
+    for path in root.rglob("*.py"):
         if path.name == "__init__.py":
             continue
-        mod = ".".join(("replug_jax", *path.relative_to(ROOT).with_suffix("").parts))
+        mod = ".".join((package, *path.relative_to(root).with_suffix("").parts))
         deps = graph.setdefault(mod, set())
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("replug_jax"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package):
                 deps.add(node.module)  # `from pkg import module` names a module too
                 deps.update(f"{node.module}.{a.name}" for a in node.names)
 
@@ -94,6 +96,44 @@ def test_no_import_circle_between_modules_even_inside_functions():
                 todo += [d for d in graph.get(mod, ()) if d in graph]
         return False
 
-    circles = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
-                      if b in graph and b != a and reaches(b, a)})
+    return sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
+                   if b in graph and b != a and reaches(b, a)})
+
+
+@pytest.mark.parametrize("package", ["replug_jax", "experiments"])
+def test_no_import_circle_between_modules_even_inside_functions(package):
+    circles = import_circles(ROOT.parent / package, package)
     assert not circles, f"modules that import each other, directly or not: {circles}"
+
+
+def test_the_circle_finder_sees_a_circle_hidden_inside_a_function(tmp_path):
+    (tmp_path / "a.py").write_text("from pkg.b import f\n")
+    (tmp_path / "b.py").write_text("def f():\n    from pkg.c import g\n")
+    (tmp_path / "c.py").write_text("import os\n")
+    assert import_circles(tmp_path, "pkg") == []
+    (tmp_path / "c.py").write_text("def g():\n    from pkg import a\n")
+    assert import_circles(tmp_path, "pkg") == [("pkg.a", "pkg.b"), ("pkg.a", "pkg.c"),
+                                               ("pkg.b", "pkg.c")]
+
+
+def test_no_experiment_function_is_longer_than_80_lines():
+    """A study is a task and a config (``experiments.lib.pool_study``): no script's function
+    grows into the whole study again."""
+    long = [f"{p.relative_to(ROOT.parent)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1})"
+            for p in (ROOT.parent / "experiments").rglob("*.py")
+            for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > 80]
+    assert not long, long
+
+
+def test_the_experiments_page_names_every_experiment_module():
+    """docs/experiments.md names every script, helper and data script of experiments/ (the
+    configs are one per script) by its file name or module path."""
+    page = (ROOT.parent / "docs" / "experiments.md").read_text()
+    modules = [p for p in (ROOT.parent / "experiments").rglob("*.py")
+               if p.name != "__init__.py" and "configs" not in p.parts
+               and "results" not in p.parts]
+    missing = sorted(str(p.relative_to(ROOT.parent)) for p in modules
+                     if not re.search(rf"\b{p.stem}\b", page))
+    assert not missing, f"docs/experiments.md does not name: {missing}"

@@ -87,7 +87,7 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     with the numbers and the SHA-256 of both weight files."""
     import hashlib
 
-    from experiments.lib import lsr_qa_report
+    from experiments.lib import lsr_qa_report, pool_study
     from experiments.configs.lsr_qa import CONFIGS
     from replug_jax.models.params import split_params
     from replug_jax.retrieval.encoder import Retriever
@@ -98,8 +98,10 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     diff = {"difference": 0.5, "low": 0.2, "high": 0.8}
     rows = {"chosen": {"tau": 0.05, "test_loglik": -3.2, "vs_base": diff, "recall@1": 0.6,
                        "recall@1_vs_base": diff, "recall@2": 0.8, "recall@2_vs_base": diff}}
-    payload = {"questions": {"test": 3}, "articles": {"test": 1}, "datastore_passages": 20}
-    out = lsr_qa_report.release(base, jax.device_get(params), cfg, "chosen", rows, payload)
+    payload = {"chosen": "chosen", "systems": rows, "questions": {"test": 3},
+               "articles": {"test": 1}, "datastore_passages": 20}
+    settings, card = lsr_qa_report.card(cfg, base, payload)
+    out = pool_study.release(base, jax.device_get(params), cfg.release, settings, card)
     back = Retriever.load(str(out))
     assert back.retrieval_temperature == 0.05
     np.testing.assert_allclose(back.encode_queries(TEXTS), trained.encode_queries(TEXTS),
@@ -112,6 +114,31 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     check_release_rule(out)  # the rule tests/test_checkpoints.py applies to checkpoints/
 
 
+def test_a_recall_study_card_leads_with_recall_at_1_and_states_the_bases_training_data():
+    """A recall study's card (issue 50): its first result is the primary endpoint (recall@1
+    on every test question, clustered by article), the log-likelihood after it as the
+    gatekeeping secondary, and the base's own training data are stated."""
+    from experiments.lib import lsr_qa_report
+    from experiments.configs.lsr_qa import CONFIGS
+
+    cfg = CONFIGS["tiny_recall"]
+    ll = {"difference": 0.05, "low": -0.04, "high": 0.13}
+    rec = {"difference": 0.012, "low": 0.005, "high": 0.019}
+    rows = {"chosen": {"tau": 0.02, "test_loglik": -3.2, "vs_base": ll, "recall@1": 0.6,
+                       "recall@1_vs_base": rec, "recall@2": 0.8, "recall@2_vs_base": rec}}
+    payload = {"chosen": "chosen", "systems": rows, "questions": {"test": 3},
+               "articles": {"test": 1}, "datastore_passages": 20,
+               "recall_test": {"questions": 12000, "articles": 182,
+                               "recall": {"chosen": {"1": 0.556}, "base retriever": {"1": 0.544}},
+                               "vs_base": {"chosen": {"1": rec}}}}
+    settings, card = lsr_qa_report.card(cfg, tiny_retriever(0), payload)
+    lead = card.split("\n\n")[1]
+    assert lead.startswith("Better than its base: gold-paragraph recall@1 0.556 vs 0.544")
+    assert "+0.012 [+0.005, +0.019]" in lead and "182 test articles" in lead
+    assert "12,000 questions" in lead and "+0.050 [-0.040, +0.130] nats" in lead
+    assert "SQuAD, Natural Questions and TriviaQA" in card and settings["temperature"] == 0.02
+
+
 def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
     """What `lsr_study` writes when its rule passes with ``towers="query"`` (the enwiki
     configs): the trained query tower beside the base passage encoder, a card that leads with
@@ -119,6 +146,7 @@ def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
     import hashlib
 
     from experiments import lsr_study
+    from experiments.lib import lsr_study_report, pool_study
     from replug_jax.models.params import split_params
     from replug_jax.retrieval.encoder import Retriever
 
@@ -126,13 +154,16 @@ def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
     _, _, params = split_params(trained.model.encoder)
     cfg = dataclasses.replace(lsr_study.CONFIGS["tiny"], towers="query",
                               release=str(tmp_path / "rel"))
-    payload = {"end_to_end": {"lsr_vs_base": {"difference": -0.02, "low": -0.03,
+    payload = {"chosen": "chosen",
+               "end_to_end": {"lsr_vs_base": {"difference": -0.02, "low": -0.03,
                                               "high": -0.01, "clusters": 5},
                               "min_detectable_bpb": 0.015, "lm_alone_bpb": 1.2,
                               "base_bpb": 1.1, "lsr_bpb": 1.08},
                "variants": {"chosen": {"best_step": 4, "steps_run": 6}},
                "examples": {"train": 6, "dev": 3, "test": 3}}
-    lsr_study.release(base, jax.device_get(params), cfg, "chosen", payload, 20)
+    settings, card = lsr_study_report.card(cfg, payload, 20, base.similarity)
+    pool_study.release(base, jax.device_get(params), cfg.release, settings, card,
+                       towers=cfg.towers)
     out = tmp_path / "rel"
     back = Retriever.load(str(out))
     np.testing.assert_allclose(back.encode_queries(TEXTS), trained.encode_queries(TEXTS),

@@ -5,7 +5,6 @@ saved parameters, and a pool of new candidates that reuses an earlier pool's sco
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import pathlib
 
@@ -112,36 +111,3 @@ def pool_reusing(known: ScoredPool, examples, candidates_EK: np.ndarray, scores_
     reused = int((candidates_EK >= 0).sum()) - sum(len(m) for m in missing)
     return ScoredPool(branches, candidates_EK,
                       {**provenance, **measured, "pairs_reused": reused})
-
-
-def write_release(retriever, params, out_dir, settings: dict, card: str, *,
-                  towers: str = "query") -> pathlib.Path:
-    """A study's released retriever in float16 with its card, and the weights' SHA-256 added
-    to the card. ``towers="query"``: two towers (the trained query encoder, the base passage
-    encoder in ``passage_encoder/``), so a datastore embedded by the base still serves it;
-    else one encoder for both."""
-    from replug_jax.models.params import split_params, to_module
-
-    graphdef, template, _ = split_params(retriever.model.encoder)
-    trained = dataclasses.replace(retriever.model,
-                                  encoder=to_module(graphdef, template, params))
-    if towers == "query":
-        from replug_jax.train.export import write_two_towers
-
-        out = pathlib.Path(write_two_towers(trained, retriever.model, out_dir, settings, card))
-        files = ("model.safetensors", "passage_encoder/model.safetensors")
-    else:
-        from safetensors.numpy import load_file, save_file
-
-        from replug_jax.models import export_retriever
-
-        out = pathlib.Path(export_retriever(trained, out_dir, {
-            "MODEL_CARD.md": card, "replug.json": json.dumps(settings, indent=2) + "\n"}))
-        weights = out / "model.safetensors"
-        save_file({k: v.astype(np.float16) for k, v in load_file(weights).items()}, weights)
-        files = ("model.safetensors",)
-    with open(out / "MODEL_CARD.md", "a") as f:
-        f.write("\nWeights (float16 safetensors), SHA-256:\n\n" + "".join(
-            f"- `{name}`: `{hashlib.sha256((out / name).read_bytes()).hexdigest()}`\n"
-            for name in files))
-    return out

@@ -1,0 +1,166 @@
+"""One way to run a pool study (paper §4, LSR on pre-scored pools): pools → variants →
+choice on dev → end-to-end test → release rule → report, for any *task* that implements the
+few steps that differ (``lsr_study.WindowsTask``: language-modelling windows;
+``lsr_qa.QATask``: SQuAD and NQ questions). A new study is a task and a config, not a script.
+
+A task is a class with:
+
+* ``open(cfg, args)`` (classmethod): the models, data and work folder; ``add_args(ap)``
+  (optional staticmethod): its own command-line options;
+* ``build_pools()``: the base retriever's candidates of every example, scored once by the LM
+  (resumable); ``pools_summary()``: lines printed by ``--stage pools``;
+* ``diagnostics() -> (dict, stop)``: what is measured before training at no LM cost, and
+  whether the study stops there;
+* ``folds()``: the :class:`Fold` s the variants are trained and tested in;
+* ``measure(fold, params) -> dict``: what each trained run stores beside its curve;
+* ``choose(fold, runs) -> name`` and ``test(fold, runs, chosen) -> result``;
+* ``summarize(results, diagnostics) -> (payload, release_params)``: the payload holds
+  ``passes`` (the release rule) and ``chosen``; ``card(payload) -> (settings, text)``;
+  ``report(payload)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+from typing import Callable
+
+import numpy as np
+
+from experiments.lib.common import parse_experiment_args, provenance
+from experiments.lib.lsr_common import label, save_params, slug, trained_with, variants
+from replug_jax.fileio import write_json_atomic
+from replug_jax.timing import Timer
+from replug_jax.train.pool import train_on_pool
+from replug_jax.train.refresh import unflatten_params
+
+
+@dataclasses.dataclass
+class Fold:
+    """One training and test split of a study: its pools and examples per split
+    (``"train"``, ``"dev"``, ``"test"``), where its runs are kept, and how a run is selected
+    (``dev_recall``: recall@1 of the dev questions over the whole datastore, or None for the
+    dev pool's curve). ``reuse_only``: the runs are another config's, read and never trained."""
+    index: int
+    pools: dict
+    examples: dict
+    run_dir: pathlib.Path
+    dev_recall: Callable | None = None
+    reuse_only: bool = False
+
+
+def stage_args(ap) -> None:
+    ap.add_argument("--stage", choices=("pools", "all"), default="all",
+                    help="pools: build the datastore and score every pool (resumable), then "
+                         "stop before any training; all: the whole study")
+
+
+def run_params(retriever, fold: Fold, name: str):
+    """The trained parameters of run ``name`` in ``fold``: ``runs/<slug>.npz``, or the
+    ``best_params.npz`` an earlier version kept for the best run on dev."""
+    path = fold.run_dir / f"{slug(name)}.npz"
+    if not path.exists():
+        legacy = fold.run_dir.parent / "best_params.npz"
+        info = legacy.with_suffix(".json")
+        if not (info.exists() and json.loads(info.read_text()).get("variant") == name):
+            raise ValueError(f"{path}: no trained parameters of {name}; delete "
+                             f"{fold.run_dir} and rerun")
+        path = legacy
+    return unflatten_params(dict(np.load(path, allow_pickle=False)), retriever.params)
+
+
+def train_variants(task, fold: Fold) -> dict:
+    """Every variant of the config's grid trained on the fold's train pool (early-stopped on
+    dev), or its finished run read back when it was trained with the same settings: name →
+    the run's JSON (config, steps, curve, seconds and what ``task.measure`` adds); the
+    parameters are in ``run_dir/<slug>.npz``."""
+    runs = {}
+    fold.run_dir.mkdir(parents=True, exist_ok=True)
+    for v in variants(task.cfg):
+        name = label(v)
+        out = fold.run_dir / f"{slug(name)}.json"
+        if out.exists() and trained_with(json.loads(out.read_text()).get("config"), v):
+            runs[name] = json.loads(out.read_text())
+            continue
+        if fold.reuse_only:
+            raise ValueError(f"{out}: no trained run of {name}; run the config whose work "
+                             "this one reuses (work=) first")
+        fit = train_on_pool(task.retriever, fold.pools["train"], fold.examples["train"],
+                            fold.pools["dev"], fold.examples["dev"], task.by_id, v,
+                            progress=task.progress, frozen_docs=task.frozen,
+                            dev_recall=fold.dev_recall)
+        save_params(fit["params"], out.with_suffix(".npz"), {"variant": name})
+        row = {"config": vars(v), "best_step": fit["best_step"], "steps_run": fit["steps_run"],
+               "curve": fit["curve"], "seconds": round(fit["seconds"], 1),
+               **task.measure(fold, fit["params"])}
+        write_json_atomic(row, out)
+        runs[name] = row
+    return runs
+
+
+def release(retriever, params, out_dir, settings: dict, card: str, *,
+            towers: str = "query") -> pathlib.Path:
+    """A study's released retriever in float16 with its card, and the weights' SHA-256 added
+    to the card. ``towers="query"``: two towers (the trained query encoder, the base passage
+    encoder in ``passage_encoder/``), so a datastore embedded by the base still serves it;
+    else one encoder for both."""
+    from replug_jax.models.params import split_params, to_module
+
+    graphdef, template, _ = split_params(retriever.model.encoder)
+    trained = dataclasses.replace(retriever.model,
+                                  encoder=to_module(graphdef, template, params))
+    if towers == "query":
+        from replug_jax.train.export import write_two_towers
+
+        out = pathlib.Path(write_two_towers(trained, retriever.model, out_dir, settings, card))
+        files = ("model.safetensors", "passage_encoder/model.safetensors")
+    else:
+        from safetensors.numpy import load_file, save_file
+
+        from replug_jax.models import export_retriever
+
+        out = pathlib.Path(export_retriever(trained, out_dir, {
+            "MODEL_CARD.md": card, "replug.json": json.dumps(settings, indent=2) + "\n"}))
+        weights = out / "model.safetensors"
+        save_file({k: v.astype(np.float16) for k, v in load_file(weights).items()}, weights)
+        files = ("model.safetensors",)
+    with open(out / "MODEL_CARD.md", "a") as f:
+        f.write("\nWeights (float16 safetensors), SHA-256:\n\n" + "".join(
+            f"- `{name}`: `{hashlib.sha256((out / name).read_bytes()).hexdigest()}`\n"
+            for name in files))
+    return out
+
+
+def run_study(task_type, argv, doc: str, configs: dict) -> None:
+    """Parse the command line, then run the study ``task_type`` describes: pools
+    (``--stage pools`` stops there), diagnostics, per fold the variants, the choice on dev
+    and the test, the summary, the release when its rule passes, and the report."""
+    def extra(ap):
+        stage_args(ap)
+        if hasattr(task_type, "add_args"):
+            task_type.add_args(ap)
+
+    args, cfg = parse_experiment_args(argv, doc, configs, extra=extra)
+    with Timer() as sw:
+        task = task_type.open(cfg, args)
+        task.build_pools()
+        if args.stage == "pools":
+            print("\n".join(task.pools_summary()), flush=True)
+            return
+        diagnostics, stop = task.diagnostics()
+        if stop:
+            return
+        tested = []
+        for fold in task.folds():
+            runs = train_variants(task, fold)
+            chosen = task.choose(fold, runs)
+            tested.append(task.test(fold, runs, chosen))
+        payload, params = task.summarize(tested, diagnostics)
+    payload.update(seconds=sw.seconds, provenance=provenance())
+    if payload["passes"] and cfg.release and params is not None:
+        settings, card = task.card(payload)
+        payload["released"] = str(release(task.retriever, params, cfg.release, settings, card,
+                                          towers=cfg.towers))
+    task.report(payload)
