@@ -16,6 +16,7 @@ import pathlib
 import numpy as np
 
 from experiments.lib.common import RESULTS, new_figure, provenance, run, save_figure, write_results
+from experiments.lib.lsr_common import BASE_DATA, BASE_DATA_LM
 
 DIFFERENCES_LM = (
     "The paper trains Contriever from GPT-3 Curie likelihoods on 800K Pile sequences (x = 128 "
@@ -24,14 +25,15 @@ DIFFERENCES_LM = (
     "articles (the same objective and window sizes), with a corpus of 128-token passages of all "
     "62 articles plus NQ passages and Python docs, where an example never retrieves a passage "
     "of its own article (leakage='document'; the run before 2026-12-01 used the window-overlap "
-    "filter), at the scale 2 CPU cores allow: k, batch and steps are far smaller.")
+    "filter), at the scale 2 CPU cores allow: k, batch and steps are far smaller. "
+    + BASE_DATA_LM)
 
 DIFFERENCES = (
     "The paper trains Contriever from GPT-3 Curie likelihoods on 800K Pile sequences (k = 20, "
     "batch 64, 25K steps, index refresh every 3K steps). Here all-MiniLM-L6-v2 is trained from "
     "SmolLM2-135M likelihoods on NQ questions (question → answer, the paper's QA variant of the "
     "objective) with the 624 gold passages as corpus, at the scale 2 CPU cores allow (see the "
-    "config in the JSON): k, batch and steps are far smaller, so the effect is small.")
+    "config in the JSON): k, batch and steps are far smaller, so the effect is small. " + BASE_DATA)
 
 
 def main(argv=None):

@@ -32,6 +32,7 @@ from experiments.lib.common import (
     write_results,
 )
 from experiments.configs.temperature_sweep import CONFIGS
+from experiments.lib.lsr_common import BASE_DATA
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.timing import Timer
 from replug_jax.train.config import load_config
@@ -45,7 +46,7 @@ DIFFERENCES = (
     "The paper trains with γ = β = 0.1 (its §5.2 values) and KL(P_R ‖ Q) only, on 800K Pile "
     "sequences for 25K steps. This sweep is a tiny NQ setting (tens of questions, a few "
     "optimizer steps at a raised learning rate, no index refresh), meant to show the direction "
-    "of each effect and to exercise the research workflow, not to rank settings.")
+    "of each effect and to exercise the research workflow, not to rank settings. " + BASE_DATA)
 
 
 def subset_data(base, sweep, folder: pathlib.Path):

@@ -68,3 +68,22 @@ def test_every_file_of_a_two_tower_release_is_committed(tmp_path):
     assert subprocess.run(["git", "check-ignore", "-q", "--no-index",
                            "checkpoints/release/optimizer_state.msgpack"],
                           cwd=CHECKPOINTS.parent).returncode == 0  # leftovers stay out
+
+
+def states_the_bases_training_data(text: str) -> bool:
+    """Whether a card or results page says what all-MiniLM-L6-v2 was itself trained on."""
+    return bool(re.search(r"all-MiniLM-L6-v2, was itself trained .*about 1(\.17)?B text pairs",
+                          text)) and "Natural Questions" in text
+
+
+def test_every_card_and_lsr_results_page_states_the_bases_training_data():
+    """MiniLM's own training pairs include SQuAD, NQ and TriviaQA: every checkpoint card and
+    every results page of a retriever trained from it says so (issue 50)."""
+    results = CHECKPOINTS.parent / "experiments" / "results"
+    pages = [f / "MODEL_CARD.md" for f in FOLDERS] + [
+        results / name / "README.md"
+        for name in ("lsr_study", "lsr_qa", "lsr_nq", "lsr_wikitext", "temperature_sweep")]
+    missing = [str(p.relative_to(CHECKPOINTS.parent)) for p in pages
+               if not states_the_bases_training_data(p.read_text())]
+    assert not missing, missing
+    assert not states_the_bases_training_data("The base was trained on some pairs.")

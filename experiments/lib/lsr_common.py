@@ -15,6 +15,18 @@ from replug_jax.branches import BranchCache
 from replug_jax.train.pool import PoolTrainConfig, ScoredPool, score_pairs
 from replug_jax.train.refresh import flatten_params
 
+# What every card and results page of a study trained from all-MiniLM-L6-v2 states (its model
+# card, shipped with the packaged weights, lists the ~1.17B pairs it was trained on).
+BASE_DATA = ("The base, all-MiniLM-L6-v2, was itself trained (by sentence-transformers) on "
+             "about 1B text pairs that include SQuAD, Natural Questions and TriviaQA "
+             "(question, paragraph) pairs: on these tasks it is not a neutral starting point, "
+             "and its supervision can only favour the base.")
+BASE_DATA_LM = ("The base, all-MiniLM-L6-v2, was itself trained contrastively (by "
+                "sentence-transformers) on about 1.17B text pairs (Reddit, S2ORC, WikiAnswers, "
+                "PAQ, Stack Exchange, MS MARCO, and SQuAD 2.0, Natural Questions and TriviaQA "
+                "(question, paragraph) pairs among others; its model card), none of them "
+                "language-modelling windows.")
+
 # z-values of a two-sided 5 % test with 80 % power: the smallest detectable effect is about
 # (1.96 + 0.84) standard errors of the paired difference.
 Z_ALPHA, Z_POWER = 1.959964, 0.841621

@@ -7,13 +7,9 @@ import pathlib
 
 from experiments.lib.common import new_figure, save_figure, write_results
 from experiments.configs.lsr_qa import PRIMARY_ENDPOINT
+from experiments.lib.lsr_common import BASE_DATA
 from replug_jax.eval.stats import format_interval
 
-
-BASE_DATA = ("The base, all-MiniLM-L6-v2, was itself trained (by sentence-transformers) on "
-             "about 1B text pairs that include SQuAD, Natural Questions and TriviaQA "
-             "(question, paragraph) pairs: on these tasks it is not a neutral starting point, "
-             "and its supervision can only favour the base.")
 
 DIFFERENCES = {
     "squad": (

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 
 from experiments.lib.common import new_figure, save_figure, write_results
+from experiments.lib.lsr_common import BASE_DATA_LM
 from replug_jax.eval.stats import format_interval
 
 DIFFERENCES = (
@@ -17,7 +18,7 @@ DIFFERENCES = (
     "example's pre-scored pool of the base retriever's top-M (the pool stands in for the "
     "index; the current query embedding re-ranks it at every step), only the query tower is "
     "trained between refreshes (documents from the last refresh, as the paper's stale index), "
-    "and the final comparison retrieves from the whole datastore.")
+    "and the final comparison retrieves from the whole datastore. " + BASE_DATA_LM)
 
 
 def setting(cfg) -> tuple[str, str]:
@@ -122,7 +123,9 @@ def card(cfg, payload: dict, passages: int, similarity: str) -> tuple[dict, str]
         f"- retrieval during training: the top-{cfg.k} of each window's base top-"
         f"{cfg.pool_size}, scored once by the LM; datastore: {store}",
         "- made by `python -m experiments.lsr_study`; every number, with each window's "
-        "log-likelihood, is in `experiments/results/lsr_study/`", ""])
+        "log-likelihood, is in `experiments/results/lsr_study/`", "",
+        BASE_DATA_LM if "minilm" in cfg.retriever.lower() else
+        f"The base's own training data: see `{cfg.retriever}`'s model card.", ""])
     if cfg.towers == "query":  # the trained query encoder beside the base passage encoder
         text += ("\nQuery tower only: the passage encoder is the base (`passage_encoder/`), "
                  f"so an index built with `{cfg.retriever}` serves it. Load both with "
