@@ -265,7 +265,7 @@ class QATask:
         results = {name: self.retrieval(fold, name, p, base_scores["dev"], out)
                    for name, p in params.items()}
         logprobs = pair_logprobs(results, examples["test"], pools["test"], self.lm, self.by_id,
-                                 self.work, cfg.k, self.progress, cfg.part_size, self.store)
+                                 fold.work, cfg.k, self.progress, cfg.part_size, self.store)
         length = pools["test"].branches.token_mask_NT.sum(1)
         for name, res in results.items():
             out["ll"][name] = end_to_end(res, logprobs, length, out["tau"][name], cfg.k)
@@ -311,7 +311,7 @@ class QATask:
         out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
             self.lm, [fold.examples["test"][i] for i in out["gen_rows"]], sub,
             out["tau"][name], cfg.k, cfg.max_new_tokens,
-            self.work / f"answers_{tag}{slug(name).replace(' ', '_')}.json",
+            fold.work / f"answers_{tag}{slug(name).replace(' ', '_')}.json",
             progress=self.progress)
 
     def summarize(self, tested: list[dict], diagnostics: dict) -> tuple[dict, object]:

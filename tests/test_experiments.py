@@ -422,6 +422,9 @@ def test_lsr_qa_nq_folds_test_every_question_once_by_retrievers_never_trained_on
     assert np.mean(res["per_example"]["test"]["loglik"]["base retriever"]) == pytest.approx(
         base["test_loglik"])
     assert len(res["qa"]["base retriever"]["em"]) == 2  # one per fold
+    for f in range(2):  # each fold keeps its runs and generated answers in its own folder
+        fold = tmp_path / "work" / "tiny_nq" / f"fold{f}"
+        assert list((fold / "runs").glob("*.npz")) and list(fold.glob("answers_*.json"))
 
 
 def test_table2_mmlu_tiny(data, tmp_path):

@@ -50,6 +50,12 @@ class Fold:
     dev_recall: Callable | None = None
     reuse_only: bool = False
 
+    @property
+    def work(self) -> pathlib.Path:
+        """The fold's work folder (its runs are in ``run_dir`` under it): what its test
+        scores and generates is kept there."""
+        return self.run_dir.parent
+
 
 def stage_args(ap) -> None:
     ap.add_argument("--stage", choices=("pools", "all"), default="all",
@@ -62,7 +68,7 @@ def run_params(retriever, fold: Fold, name: str):
     ``best_params.npz`` an earlier version kept for the best run on dev."""
     path = fold.run_dir / f"{slug(name)}.npz"
     if not path.exists():
-        legacy = fold.run_dir.parent / "best_params.npz"
+        legacy = fold.work / "best_params.npz"
         info = legacy.with_suffix(".json")
         if not (info.exists() and json.loads(info.read_text()).get("variant") == name):
             raise ValueError(f"{path}: no trained parameters of {name}; delete "
