@@ -38,8 +38,13 @@ from replug_jax.retrieval.corpus import chunk_documents, leakage_exclusions, rea
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval import Index, corpus_text
 from replug_jax.train.data import lm_examples
-from replug_jax.train.pool import bits_per_byte, build_pool, embed_pool, oracle_logliks, \
-    pool_logliks
+from replug_jax.train.pool import (
+    bits_per_byte,
+    build_pool,
+    embed_pool,
+    oracle_logliks,
+    pool_logliks,
+)
 from replug_jax.train.release import passes as release_passes
 
 SPLITS = ("train", "dev", "test")
@@ -65,10 +70,15 @@ def headroom(pools, base_ll, bytes_, cfg, kw) -> dict:
     return out
 
 
+def _paths(cfg) -> dict:
+    """Each split's data file."""
+    return {"train": cfg.train_data, "dev": cfg.dev_data, "test": cfg.test_data}
+
+
 def _examples(cfg, tokenizer) -> dict:
     """Each split's windows: a seeded sample across articles, not the first ones."""
     caps = {"train": cfg.max_train, "dev": cfg.max_dev, "test": cfg.max_test}
-    paths = {"train": cfg.train_data, "dev": cfg.dev_data, "test": cfg.test_data}
+    paths = _paths(cfg)
     examples = {s: lm_examples(paths[s], tokenizer, cfg.context_tokens,
                                cfg.continuation_tokens) for s in paths}
     for s, cap in caps.items():
@@ -157,7 +167,7 @@ class WindowsTask:
     def build_pools(self) -> None:
         """The base retriever's top-``pool_size`` of every example, scored by the LM once."""
         cfg = self.cfg
-        paths = {"train": cfg.train_data, "dev": cfg.dev_data, "test": cfg.test_data}
+        paths = _paths(cfg)
         for s in paths:
             res = self.base_index.search(self.retriever.encode_queries(
                 [e.query for e in self.examples[s]]), cfg.pool_size,
