@@ -390,6 +390,10 @@ def test_lsr_qa_recall_design_selects_at_the_fitted_tau_on_dev_recall(data, tmp_
     nq = res["transfer_nq"]  # reported, not gated: the NQ questions with gold passages
     assert nq["questions"] > 0 and 0 <= nq["recall@1"]["chosen"] <= 1
     assert "low" in nq["recall@1_chosen_vs_base"]
+    md = (out / "lsr_qa" / "tiny_recall.md").read_text()
+    # the table's recall columns are on the LM-pool subset, the primary on every question
+    assert "recall@1 (2 LM-pool questions)" in md and "on 3 questions of" in md
+    assert (out / "lsr_qa" / "tiny_recall.png").stat().st_size > 0
 
 
 def test_lsr_qa_nq_folds_test_every_question_once_by_retrievers_never_trained_on_it(

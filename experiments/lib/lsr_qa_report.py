@@ -136,14 +136,35 @@ def summary_table(rows: dict, chosen: str, rk) -> list[tuple]:
 
 
 def plot_curves(payload: dict, path) -> None:
-    """Each run's dev curve (within the dev pools) against its LSR step."""
-    fig, ax = new_figure(figsize=(6, 3.5))
-    for name, r in payload["runs"].items():
-        ax.plot([c["step"] for c in r["curve"]], [c["dev_bpb"] for c in r["curve"]],
-                marker="o", ms=3, label=name)
-    ax.set_xlabel("LSR step")
-    ax.set_ylabel("dev bits per answer byte\n(within the dev pools)")
-    ax.legend(fontsize=6)
+    """Each run's selection curve against its LSR step, every point at the τ fitted on dev at
+    that evaluation, with each run's best step starred: dev recall@1 over the whole datastore
+    beside the dev pools' log-likelihood (its guard, the base's value dashed) where the runs
+    selected on recall@1, else the dev pools' bits per answer byte they selected on."""
+    runs = payload["runs"]
+    curves = [c for r in runs.values() for c in r["curve"]]
+    recall = all("dev_recall@1" in c for c in curves)
+    # runs before the fitted-τ selection evaluated their curve at the config's eval_temperature
+    tau = ("fitted τ" if all("tau" in c for c in curves) else
+           f"τ = {next(iter(runs.values()))['config'].get('eval_temperature', 1.0):g}")
+    panels = ([("dev_recall@1", "dev recall@1 (selects)\nover the whole datastore"),
+               ("dev_loglik", f"dev-pool log-likelihood (guard)\nnats per question, {tau}")]
+              if recall else
+              [("dev_bpb", f"dev bits per answer byte (selects)\nwithin the dev pools, {tau}")])
+    fig, axes = new_figure(ncols=len(panels), figsize=(5 * len(panels) + 1, 3.5), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        for name, r in runs.items():
+            curve = r["curve"]
+            line, = ax.plot([c["step"] for c in curve], [c[key] for c in curve],
+                            marker="o", ms=3, label=name)
+            best = [c for c in curve if c["step"] == r["best_step"]]
+            ax.plot([c["step"] for c in best], [c[key] for c in best], marker="*", ms=11,
+                    color=line.get_color(), linestyle="none")
+        if key == "dev_loglik":
+            base = next(iter(runs.values()))["curve"][0][key]
+            ax.axhline(base, color="grey", linestyle="--", linewidth=1, label="base (step 0)")
+        ax.set_xlabel("LSR step")
+        ax.set_ylabel(label)
+    axes[0][0].legend(fontsize=6)
     save_figure(fig, path)
 
 
@@ -168,6 +189,8 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
     if folds > 1:  # cross-fitted by question: each question is its own cluster
         endpoint = endpoint.replace("95 % CI over test articles", "95 % CI over test questions")
     wide = p.get("recall_test")
+    # in a recall study the table's recall columns are on the test questions with an LM pool
+    on = f" ({q['test'][0]:,} LM-pool questions)" if wide and folds == 1 else ""
     unit = ("nats per question" if not wide else
             f"in recall@1 on {wide['questions']:,} questions of {wide['articles']} articles")
     transfer = p.get("transfer_nq")
@@ -209,8 +232,8 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
            "questions)." if transfer else ""))
     out = write_results("lsr_qa", args.config, payload, table,
                         ("retriever", "τ (dev)", "dev-pool loglik (fitted τ)", "test loglik",
-                         "test Δ vs base [95 % CI]", *(f"recall@{k}" for k in rk),
-                         f"Δ recall@{rk[0]} vs base [95 % CI]"),
+                         "test Δ vs base [95 % CI]", *(f"recall@{k}{on}" for k in rk),
+                         f"Δ recall@{rk[0]} vs base [95 % CI]{on}"),
                         notes=notes, root=args.out, differences=DIFFERENCES[cfg.dataset])
     plot_curves(payload, out / f"{args.config}.png")
 
