@@ -1,6 +1,8 @@
 """Where the CPU time of the LSR step goes, ours against PyTorch: each stage timed alone
 (forward, forward + backward, full step with the optimizer), then the f32 matmul shapes of a
-MiniLM layer and its attention, forward and backward forms, in GFLOP/s.
+MiniLM layer and its attention, forward and backward forms, in GFLOP/s, and a chain of
+MiniLM-shaped feed-forward blocks written in plain JAX and plain PyTorch (no project code): the
+ratio the two frameworks' CPU kernels allow.
 
 With ``--trace``, ours alone, op by op: one LSR gradient under ``jax.profiler``, each XLA
 thunk's time summed by kind (forward or backward, the fusion's kind and the JAX op it came
@@ -183,6 +185,51 @@ def matmuls() -> dict:
     return out
 
 
+def dense_chain(layers: int = 6, n: int = 4352, d: int = 384, f: int = 1536,
+                repeats: int = 5) -> dict:
+    """The frameworks alone, no replug-jax model code: ``layers`` residual blocks
+    ``h + gelu(h·W₁)·W₂`` (MiniLM's feed-forward shapes, ``n`` tokens), forward and backward
+    of ``Σ h²`` with respect to the weights and the input, JAX jitted against PyTorch eager.
+    Its ratio is what the two frameworks' CPU matmul kernels allow a BERT step on this host."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    rng = np.random.default_rng(0)
+    ws = [(rng.standard_normal((d, f), np.float32) * 0.05,
+           rng.standard_normal((f, d), np.float32) * 0.05) for _ in range(layers)]
+    x = rng.standard_normal((n, d), np.float32)
+
+    def loss_jax(ws, x):
+        h = x
+        for w1, w2 in ws:
+            h = h + jax.nn.gelu(h @ w1, approximate=False) @ w2
+        return jnp.sum(h * h)
+
+    grad = jax.jit(jax.grad(loss_jax, argnums=(0, 1)))
+    jws, jx = jax.tree.map(jnp.asarray, (ws, x))
+    tws = [tuple(torch.from_numpy(w).requires_grad_() for w in pair) for pair in ws]
+    tx = torch.from_numpy(x).requires_grad_()
+
+    def torch_grad():
+        for w in (tx, *(w for pair in tws for w in pair)):
+            w.grad = None  # as zero_grad() does: no accumulation into the last step's
+        h = tx
+        for w1, w2 in tws:
+            h = h + torch.nn.functional.gelu(h @ w1) @ w2
+        (h * h).sum().backward()
+
+    torch_grad()  # the same gradients in both, or the comparison means nothing
+    ours_dx = np.asarray(grad(jws, jx)[1])
+    if not np.allclose(ours_dx, tx.grad.numpy(), rtol=2e-4, atol=2e-5 * np.abs(ours_dx).max()):
+        raise AssertionError("JAX and PyTorch disagree on the dense chain's input gradient")
+    t = best_times({"ours": lambda: jax.block_until_ready(grad(jws, jx)),
+                    "torch": torch_grad}, repeats)
+    flops = 3 * layers * 2 * (2 * n * d * f)  # forward, dx and dW of both matmuls
+    return {"ours_gflops": flops / t["ours"] / 1e9, "torch_gflops": flops / t["torch"] / 1e9,
+            "layers": layers, "tokens": n}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,7 +251,7 @@ def main(argv=None):
     import torch
 
     torch.set_num_threads(os.cpu_count())
-    result = {"lsr_step": lsr_stages(), "matmuls": matmuls(),
+    result = {"lsr_step": lsr_stages(), "matmuls": matmuls(), "dense_chain": dense_chain(),
               "xla_flags": os.environ.get("XLA_FLAGS", "")}
     ours, theirs = result["lsr_step"]["ours_s"], result["lsr_step"]["torch_s"]
     rows = []
@@ -217,6 +264,10 @@ def main(argv=None):
     for name, r in result["matmuls"].items():
         rows.append((f"{name} (GFLOP/s)", f"{r['ours_gflops']:.0f}", f"{r['torch_gflops']:.0f}",
                      f"{r['ours_gflops'] / r['torch_gflops']:.2f}x"))
+    c = result["dense_chain"]
+    rows.append((f"the frameworks alone: {c['layers']} blocks h + gelu(h·W₁)·W₂ of "
+                 f"{c['tokens']} tokens, forward + backward (GFLOP/s)", f"{c['ours_gflops']:.0f}",
+                 f"{c['torch_gflops']:.0f}", f"{c['ours_gflops'] / c['torch_gflops']:.2f}x"))
     write("profile_cpu", result, rows, ("what", "ours", "PyTorch", "ours / PyTorch"))
 
 

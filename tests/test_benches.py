@@ -1,6 +1,9 @@
-"""The benchmark scripts that run on other machines (benches/device_check.sh)."""
+"""The benchmark scripts that run on other machines (benches/device_check.sh), and what the
+CPU profile compares."""
 
 import pathlib
+
+import pytest
 
 
 def test_the_device_check_fits_one_command_and_fails_loudly(tmp_path):
@@ -28,3 +31,13 @@ def test_the_device_check_fits_one_command_and_fails_loudly(tmp_path):
     assert "FAILED stages: devices" in failing.stderr
     assert "no PyTorch" in failing.stdout
 
+
+
+def test_the_framework_ceiling_compares_the_same_gradients():
+    """profile_cpu's plain JAX vs plain PyTorch dense chain computes one gradient in both
+    (it raises otherwise) and reports positive rates."""
+    pytest.importorskip("torch")
+    from benches.profile_cpu import dense_chain
+
+    r = dense_chain(layers=2, n=64, d=16, f=32, repeats=1)
+    assert r["ours_gflops"] > 0 and r["torch_gflops"] > 0 and r["layers"] == 2
