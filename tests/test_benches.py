@@ -32,7 +32,6 @@ def test_the_device_check_fits_one_command_and_fails_loudly(tmp_path):
     assert "no PyTorch" in failing.stdout
 
 
-
 def test_the_framework_ceiling_compares_the_same_gradients():
     """profile_cpu's plain JAX vs plain PyTorch dense chain computes one gradient in both
     (it raises otherwise) and reports positive rates."""
