@@ -3,6 +3,7 @@ model card that shows it beat its base (and the weights' checksum, and they load
 without weights leads its card with "Not better than its base"."""
 
 import hashlib
+import json
 import pathlib
 import re
 
@@ -86,4 +87,10 @@ def test_every_card_and_lsr_results_page_states_the_bases_training_data():
     missing = [str(p.relative_to(CHECKPOINTS.parent)) for p in pages
                if not states_the_bases_training_data(p.read_text())]
     assert not missing, missing
+    # each variant's own statement (its README section says it when the variants differ)
+    unstated = [f"{js.parent.name}/{js.stem}" for page in pages[len(FOLDERS):]
+                for js in page.parent.glob("*.json")
+                if not states_the_bases_training_data(
+                    json.loads(js.read_text()).get("differences_from_paper") or "")]
+    assert not unstated, unstated
     assert not states_the_bases_training_data("The base was trained on some pairs.")

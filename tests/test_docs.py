@@ -137,6 +137,30 @@ def test_results_folders_say_which_numbers_are_current():
             assert f"`{js.stem}` (commit `" in head, (folder.name, js.stem)
 
 
+def test_a_results_folder_says_how_each_variant_differs_from_the_paper(tmp_path):
+    """One "How this differs" section when every variant states the same; each variant's own
+    when they differ (a folder holding a SQuAD and an NQ variant); a plot saved after the
+    results joins the README."""
+    from experiments.lib.common import new_figure, save_figure, write_results
+
+    args = dict(table=[("x", 1)], header=("what", "n"), root=tmp_path)
+    write_results("study", "a", {}, differences="SQuAD here.", **args)
+    write_results("study", "b", {}, differences="SQuAD here.", **args)
+    readme = (tmp_path / "study" / "README.md").read_text()
+    assert readme.count("SQuAD here.") == 1 and "## How this differs" in readme
+    write_results("study", "nq", {}, differences="NQ here.", **args)
+    readme = (tmp_path / "study" / "README.md").read_text()
+    assert "## How this differs" not in readme
+    section = readme[readme.index("## `nq`"):]
+    assert "How this differs from the paper: NQ here." in section
+    assert readme.count("SQuAD here.") == 2 and "SQuAD" not in section
+    assert "![nq](nq.png)" not in readme
+    fig, ax = new_figure()  # the scripts plot after write_results: the README links it then
+    ax.plot([0, 1], [1, 0])
+    save_figure(fig, tmp_path / "study" / "nq.png")
+    assert "![nq](nq.png)" in (tmp_path / "study" / "README.md").read_text()
+
+
 def test_readme_is_short_and_opens_with_the_two_commands():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 150
