@@ -141,11 +141,12 @@ def plot_curves(payload: dict, path) -> None:
     beside the dev pools' log-likelihood (its guard, the base's value dashed) where the runs
     selected on recall@1, else the dev pools' bits per answer byte they selected on."""
     runs = payload["runs"]
+    first = next(iter(runs.values()))
     curves = [c for r in runs.values() for c in r["curve"]]
     recall = all("dev_recall@1" in c for c in curves)
     # runs before the fitted-τ selection evaluated their curve at the config's eval_temperature
     tau = ("fitted τ" if all("tau" in c for c in curves) else
-           f"τ = {next(iter(runs.values()))['config'].get('eval_temperature', 1.0):g}")
+           f"τ = {first['config'].get('eval_temperature', 1.0):g}")
     panels = ([("dev_recall@1", "dev recall@1 (selects)\nover the whole datastore"),
                ("dev_loglik", f"dev-pool log-likelihood (guard)\nnats per question, {tau}")]
               if recall else
@@ -160,8 +161,8 @@ def plot_curves(payload: dict, path) -> None:
             ax.plot([c["step"] for c in best], [c[key] for c in best], marker="*", ms=11,
                     color=line.get_color(), linestyle="none")
         if key == "dev_loglik":
-            base = next(iter(runs.values()))["curve"][0][key]
-            ax.axhline(base, color="grey", linestyle="--", linewidth=1, label="base (step 0)")
+            ax.axhline(first["curve"][0][key], color="grey", linestyle="--", linewidth=1,
+                       label="base (step 0)")
         ax.set_xlabel("LSR step")
         ax.set_ylabel(label)
     axes[0][0].legend(fontsize=6)
