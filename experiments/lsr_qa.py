@@ -121,14 +121,22 @@ def end_to_end(res, logprobs: dict, length_E: np.ndarray, tau, k: int) -> np.nda
     return lm_datastore.window_logliks(scored, tau=tau)
 
 
-def score_pools(study, examples, lm, retriever, cfg, work, progress, store, carry):
+def score_pools(study, examples, lm, retriever, cfg, work, progress, store, carry,
+                only: tuple[str, ...] = ()):
     """Each pool set's pools (its questions' top-``pool_size`` by the base retriever, kept in
     ``carry``, scored once by the LM through the content-keyed ``store``), the base retrieval
-    and the passages by id."""
+    and the passages by id; ``only``: these pool sets alone (scoring the train and dev pools
+    of a study whose test is not registered yet)."""
     by_id, pools, base_res = {}, {}, {}
     roles = [(n, s == "test") for f in study.folds for s, (n, _) in f.items()]
     test_only = {n for n, t in roles if t} - {n for n, t in roles if not t}
+    unknown = set(only) - set(study.pool_sets)
+    if unknown:
+        raise ValueError(f"--pool-sets {','.join(sorted(unknown))}: this study's pool sets are "
+                         f"{', '.join(study.pool_sets)}")
     for name, qs in study.pool_sets.items():
+        if only and name not in only:
+            continue
         m = (cfg.test_pool_size or cfg.pool_size) if name in test_only else cfg.pool_size
         res = base_retrieval(study, retriever, qs, max(cfg.pool_size, *cfg.recall_ks),
                              carry / "retrievals" / f"base_{name}.npz",
@@ -180,6 +188,10 @@ class QATask:
                              "and DIR/retrievals, the base retriever's top passages of each "
                              "pool set; copy or commit it to resume the scoring on another "
                              "machine without encoding the datastore again")
+        ap.add_argument("--pool-sets", default="", metavar="A,B",
+                        help="with --stage pools: score only these pool sets (e.g. train,dev: "
+                             "the supervision of a study whose test pairs must wait for its "
+                             "registration); default: every pool set")
 
     @classmethod
     def open(cls, cfg, args) -> "QATask":
@@ -204,7 +216,8 @@ class QATask:
     def build_pools(self) -> None:
         self.pools, self.base_res, self.by_id = score_pools(
             self.study, self.examples, self.lm, self.retriever, self.cfg, self.work,
-            self.progress, self.store, self.carry)
+            self.progress, self.store, self.carry,
+            tuple(n for n in getattr(self.args, "pool_sets", "").split(",") if n))
 
     def pools_summary(self) -> list[str]:
         return [f"pool {name}: {len(pool)} questions, {pool.provenance['pairs']} pairs "

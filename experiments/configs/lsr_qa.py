@@ -174,6 +174,17 @@ CONFIGS = {
         grid=((1.0, 1.0),), steps=3000, eval_every=150, patience=4, eval_temperature=0.0,
         select_on="recall@1", control_steps=1500, primary="recall@1", loglik_margin=0.10,
         transfer_nq=True, max_generate=300, detectable_effect=0.007),
+    # The temperature study's pools (issue 66): confirm_recall's train pools (4,800 questions,
+    # every pair already in the carry) and a dev pool of 4,000 questions of the same 40 dev
+    # articles (confirm_recall's 320 are its first rounds), so that the dev curves, and the
+    # registered study's selection, read ≥ 4,000 dev questions. Its carry is
+    # experiments/results/lsr_qa/tau_carry (confirm_recall's pairs and the new dev pairs);
+    # only `--stage pools --pool-sets train,dev` is run with it: the variants are trained by
+    # `experiments.temperature_study`.
+    "temperature": QAStudyConfig(
+        max_train=4800, max_dev=4000, test_source="unused_train", test_skip_articles=120,
+        test_articles=182, max_test=12000, max_test_lm=4800, test_pool_size=4,
+        eval_temperature=0.0, select_on="recall@1", primary="recall@1", release=""),
     # confirm_recall's design at the paper's sizes, on an accelerator: Contriever under a 1B
     # LM, k = 20 within pools of 32, every training question of the default articles
     "confirm_recall_gpu": QAStudyConfig(
