@@ -36,6 +36,8 @@ def _kind(field: dataclasses.Field) -> str:
     text = text.replace("typing.", "")
     if text.startswith("Literal"):
         return "str"
+    if text.startswith("float | str"):  # a number or a named choice (gamma="fitted")
+        return "number_or_name"
     for kind in ("bool", "int", "float", "str", "tuple"):
         if text == kind or text.startswith(kind + " |") or text.startswith(kind + "["):
             return kind
@@ -50,6 +52,14 @@ def coerce(field: dataclasses.Field, text: str):
         return None
     if kind == "str":
         return text
+    if kind == "number_or_name":
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return text
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{field.name} expects a number or a name, got {text!r}")
+        return float(value)
     if kind == "bool":
         if text.lower() == "true":
             return True

@@ -6,29 +6,16 @@ import json
 import numpy as np
 import pytest
 
-from replug_jax.retrieval.corpus import Passage
-from replug_jax.train.data import Example
 from replug_jax.train.pool import (
-    PoolTrainConfig,
     ScoredPool,
     build_pool,
     pool_logliks,
     score_pairs,
     top_k_in_pool,
-    train_on_pool,
 )
+from tests._pools import FACTS, pool_examples as _examples, tiny_pool as _pool
 
 pytestmark = pytest.mark.models
-
-FACTS = ["Berlin is the capital of Germany.", "Paris is the capital of France.",
-         "The Rhine flows into the North Sea.", "Madrid is the capital of Spain.",
-         "Rome is the capital of Italy.", "Vienna is the capital of Austria."]
-
-
-def _examples(n: int = 4) -> list[Example]:
-    pairs = [("The capital of Germany is", " Berlin."), ("The capital of France is", " Paris."),
-             ("The capital of Spain is", " Madrid."), ("The capital of Italy is", " Rome.")]
-    return [Example(f"e{i}", x, x, y) for i, (x, y) in enumerate(pairs[:n])]
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +23,6 @@ def tiny():
     from tests._models import tiny_lm, tiny_retriever
 
     return tiny_lm(0), tiny_retriever(0)
-
-
-def _pool(tiny, directory, **kw):
-    lm, retriever = tiny
-    passages = [Passage(i, t) for i, t in enumerate(FACTS)]
-    rng = np.random.default_rng(0)
-    cand = np.stack([rng.permutation(len(FACTS))[:3] for _ in range(4)]).astype(np.int64)
-    cand[3, 2] = -1  # an example with fewer candidates than M
-    scores = rng.normal(size=cand.shape).astype(np.float32)
-    return build_pool(_examples(), cand, scores, {p.id: p for p in passages}, lm, directory,
-                      {"lm": lm.name, "test": 1}, part_size=2, progress=False, **kw), passages
 
 
 def test_pool_scores_equal_the_lm_and_resume_after_a_kill(tiny, tmp_path, monkeypatch):
@@ -128,24 +104,24 @@ def test_replug_within_the_pool_equals_a_hand_computed_mixture(tiny, tmp_path):
 @pytest.mark.parametrize("objective", ["kl_retriever_to_lm", "kl_lm_to_retriever", "marginal"])
 def test_training_on_the_pool_moves_the_retriever_and_keeps_the_best_dev(tiny, tmp_path,
                                                                           objective):
-    """Every objective trains (finite losses, parameters move); the returned parameters are
+    """Every objective trains (finite losses, parameters move); the kept parameters are
     those of the best dev value on the curve, and the base's when no step beats it."""
-    import jax
+    from tests._pools import pool_trainer
 
-    lm, retriever = tiny
-    pool, passages = _pool(tiny, tmp_path / "pool")
-    cfg = PoolTrainConfig(objective=objective, k=2, steps=6, batch_size=2, refresh_every=3,
-                          eval_every=2, patience=10, learning_rate=1e-3,
-                          lm_score="sum" if objective == "marginal" else "mean")
-    fit = train_on_pool(retriever, pool, _examples(), pool, _examples(),
-                        {p.id: p for p in passages}, cfg, progress=False)
+    trainer = pool_trainer(tiny, tmp_path, objective, total_steps=6, refresh_every=3,
+                           eval_every=2, learning_rate=1e-3, select_on="pool_loglik",
+                           patience=10)
+    fit = trainer.run()
     curve = fit["curve"]
-    assert [c["step"] for c in curve] == [0, 2, 4, 6] and fit["steps_run"] == 6
+    assert [c["step"] for c in curve] == [0, 2, 4, 6] and fit["step"] == 6
     assert all(np.isfinite(c["loss"]) for c in curve[1:])
     best = min(curve, key=lambda c: c["dev_bpb"])
-    assert fit["best_step"] == best["step"] and fit["best_dev_bpb"] == best["dev_bpb"]
+    assert fit["best_step"] == best["step"] and fit["best"]["dev_bpb"] == best["dev_bpb"]
+    _, params = trainer.best_params()
+    import jax
+
     moved = max(float(np.abs(a - b).max()) for a, b in zip(
-        jax.tree.leaves(fit["params"]), jax.tree.leaves(retriever.params)))
+        jax.tree.leaves(params), jax.tree.leaves(tiny[1].params)))
     assert (moved > 0) == (fit["best_step"] > 0)
     json.dumps(curve)  # plain numbers, ready for the results JSON
 
@@ -183,9 +159,7 @@ def test_the_marginal_objective_needs_summed_scores_in_every_trainer():
     marginal likelihood; the rule is now the main trainer's, in one place."""
     from replug_jax.train.config import LSRConfig
 
-    with pytest.raises(ValueError, match="needs lm_score 'sum'"):
-        PoolTrainConfig(objective="marginal")
-    PoolTrainConfig(objective="marginal", lm_score="sum")
+    LSRConfig(objective="marginal")  # the sum: the default, the paper's Q
     with pytest.raises(ValueError, match="needs lm_score 'sum'"):
         LSRConfig(objective="marginal", lm_score="mean")
 
@@ -203,12 +177,14 @@ def test_each_step_re_ranks_the_pool_with_the_current_queries(tiny):
     from replug_jax.train.lsr import init_state, make_query_step
 
     _, retriever = tiny
-    cfg = PoolTrainConfig(k=2, steps=4, learning_rate=5e-2)
+    from replug_jax.train.config import LSRConfig
+
+    cfg = LSRConfig(k=2, total_steps=4, learning_rate=5e-2)
     graphdef, template, params = split_params(retriever.model.encoder)
-    tx = cfg.optim_config.build(cfg.steps)
+    tx = cfg.optim_config.build(cfg.total_steps)
     step = make_query_step(graphdef, template, cfg.objective_config, tx,
                            retriever.model.pooling, retriever.normalize, cfg.k,
-                           schedule=cfg.optim_config.schedule(cfg.steps))
+                           schedule=cfg.optim_config.schedule(cfg.total_steps))
     ids, mask = retriever.tokenize_fixed(["capital of Germany", "the Rhine river"], 16, "right")
     rng = np.random.default_rng(0)
     batch = {"query_ids": ids, "query_mask": mask,

@@ -1,12 +1,12 @@
 """The golden run of the LSR trainer on a pre-scored pool (issue 65, item 1): the losses of
 the first steps, the dev curve and the parameters' total change, recorded on CPU float32 from
-the pool trainer before the two trainers were merged, so that the merged trainer is shown to
+the pool trainer (``train_on_pool``) before the two trainers were merged, so that the merged trainer is shown to
 train exactly as the one every published LSR result came from."""
 
 import numpy as np
 import pytest
 
-from tests.test_pool import _examples, _pool
+from tests._pools import pool_trainer
 
 pytestmark = pytest.mark.models
 
@@ -34,22 +34,42 @@ def tiny():
     return tiny_lm(0), tiny_retriever(0)
 
 
-@pytest.mark.parametrize("towers,objective", sorted(GOLDEN))
-def test_the_pool_trainer_reproduces_its_golden_run(tiny, tmp_path, towers, objective):
+def _trainer(tiny, tmp_path, towers, objective, **kw):
+    return pool_trainer(tiny, tmp_path, objective, towers, **kw)
+
+
+def _moved(tiny, params) -> float:
     import jax
 
-    from replug_jax.train.pool import PoolTrainConfig, train_on_pool
+    return sum(float(np.abs(np.asarray(a) - np.asarray(b)).sum())
+               for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(tiny[1].params)))
 
-    pool, passages = _pool(tiny, tmp_path / "pool")
-    cfg = PoolTrainConfig(objective=objective, k=2, steps=4, batch_size=2, refresh_every=2,
-                          eval_every=1, patience=10, learning_rate=1e-3, towers=towers,
-                          lm_score="sum" if objective == "marginal" else "mean",
-                          early_stop=False)
-    fit = train_on_pool(tiny[1], pool, _examples(), pool, _examples(),
-                        {p.id: p for p in passages}, cfg, progress=False)
+
+@pytest.mark.parametrize("towers,objective", sorted(GOLDEN))
+def test_the_one_trainer_reproduces_the_pool_trainers_golden_run(tiny, tmp_path, towers,
+                                                                   objective):
+    """The merged trainer (``LSRTrainer``, ``supervision="pool"``) trains exactly as the pool
+    trainer did: the same losses, dev curve and parameters."""
+    trainer = _trainer(tiny, tmp_path, towers, objective)
+    result = trainer.run()
     losses, dev_bpb, delta = GOLDEN[towers, objective]
-    np.testing.assert_allclose([c["loss"] for c in fit["curve"][1:]], losses, rtol=2e-5)
-    np.testing.assert_allclose([c["dev_bpb"] for c in fit["curve"]], dev_bpb, rtol=2e-6)
-    moved = sum(float(np.abs(np.asarray(a) - np.asarray(b)).sum())
-                for a, b in zip(jax.tree.leaves(fit["params"]), jax.tree.leaves(tiny[1].params)))
-    assert moved == pytest.approx(delta, rel=1e-4)
+    curve = result["curve"]
+    assert [c["step"] for c in curve] == [0, 1, 2, 3, 4] and result["best_step"] == 4
+    np.testing.assert_allclose([c["loss"] for c in curve[1:]], losses, rtol=2e-5)
+    np.testing.assert_allclose([c["dev_bpb"] for c in curve], dev_bpb, rtol=2e-6)
+    _, params = trainer.best_params()
+    assert _moved(tiny, params) == pytest.approx(delta, rel=1e-4)
+
+
+@pytest.mark.parametrize("towers", ["shared", "query"])
+def test_a_pool_run_killed_after_a_checkpoint_resumes_to_the_same_run(tiny, tmp_path, towers):
+    """Stopped after 3 steps (checkpointed every step), a new trainer on the same work folder
+    resumes at step 3, reads the same curve back and ends with the golden run's numbers (the
+    shared encoder's pool embeddings from the refresh before the restart, not re-embedded)."""
+    _trainer(tiny, tmp_path, towers, "kl_retriever_to_lm").run(stop_after=3)
+    result = _trainer(tiny, tmp_path, towers, "kl_retriever_to_lm").run()
+    losses, dev_bpb, delta = GOLDEN[towers, "kl_retriever_to_lm"]
+    np.testing.assert_allclose([c["loss"] for c in result["curve"][1:]], losses, rtol=2e-5)
+    np.testing.assert_allclose([c["dev_bpb"] for c in result["curve"]], dev_bpb, rtol=2e-6)
+    again = _trainer(tiny, tmp_path, towers, "kl_retriever_to_lm").run()  # finished: no step
+    assert again["step"] == 4 and again["last"] == {}

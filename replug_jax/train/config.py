@@ -25,6 +25,10 @@ class LSRConfig:
     # keys: `--set objective.gamma=1`, `lm.dtype=bfloat16`, `index.factory=IVF4096,Flat`
     PIECES: ClassVar[dict] = {
         "objective": {f.name: f.name for f in dataclasses.fields(ObjectiveConfig)},
+        "supervision": {"kind": "supervision", "train_pool": "train_pool",
+                        "dev_pool": "dev_pool", "towers": "towers", "shuffle_q": "shuffle_q"},
+        "selection": {"metric": "select_on", "patience": "patience", "every": "eval_every",
+                      "tau": "eval_tau", "tau_grid": "tau_grid", "beta_grid": "beta_grid"},
         "optim": {f.name: f.name for f in dataclasses.fields(OptimConfig)},
         "lm": {"name": "lm", "api_base": "lm_api_base", "api_concurrency": "lm_api_concurrency",
                "api_batch_size": "lm_api_batch_size", "prefetch": "lm_prefetch",
@@ -82,13 +86,39 @@ class LSRConfig:
     # lm_max_context tokens. Match the evaluation's prompt so Q is the distribution REPLUG mixes.
     qa_demonstrations: str = ""
     lm_max_context: int = 1024
-    # objective (§4)
+    # objective (§4): γ a number, "fitted" or "learned"; β a number or "fitted" (pool
+    # supervision: fitted on the dev pool; spec.ObjectiveConfig); Q from the continuation's
+    # summed log-probability (the paper's P_LM(y|d,x)), or its mean (spec.LM_SCORE_MEAN_NOTE)
     k: int = 20
-    gamma: float = 0.1
-    beta: float = 0.1
+    gamma: float | str = 0.1
+    beta: float | str = 0.1
     direction: Literal["retriever_to_lm", "lm_to_retriever"] = "retriever_to_lm"
-    lm_score: Literal["mean", "sum"] = "mean"
+    lm_score: Literal["mean", "sum"] = "sum"
     objective: Literal["kl", "marginal"] = "kl"
+    gamma_learning_rate: float = 1e-3  # gamma="learned" only: its own Adam
+    # supervision: "online" (retrieve from the index, score new pairs with the LM) or "pool"
+    # (pre-scored pools, DESIGN.md "LSR on a pre-scored pool": each query's pool re-ranked by
+    # the current retriever, its top-k the retrieved set; no LM and no index in the loop)
+    supervision: Literal["online", "pool"] = "online"
+    train_pool: str = ""  # pool: the train pool's folder (train.pool.ScoredPool)
+    dev_pool: str = ""  # pool: the dev pool's folder: the dev curve, τ and fitted γ/β
+    # "shared": one encoder for queries and documents (the paper's Contriever); "query" (pool
+    # supervision): only the query tower learns, documents keep the base encoder's embeddings
+    # (an index built with the base stays valid; released as two towers)
+    towers: Literal["shared", "query"] = "shared"
+    shuffle_q: bool = False  # the control: Q permuted within each pool (pool supervision)
+    # selection (pool supervision): every eval_every steps the dev curve is read; "last" keeps
+    # the last step (a fixed budget), "pool_loglik" the best dev-pool REPLUG log-likelihood,
+    # "recall@1" the best dev recall@1 over the whole datastore among the steps whose dev-pool
+    # log-likelihood is not below the base's; patience: evaluations without a new best before
+    # stopping (0: never stop early)
+    select_on: Literal["last", "pool_loglik", "recall@1"] = "last"
+    patience: int = 0
+    # τ of λ on the dev curve (§3.2: 1); 0: fitted on the dev pool at each evaluation over
+    # tau_grid (the τ an end-to-end test with a fitted τ uses)
+    eval_tau: float = 0.0
+    tau_grid: tuple = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)
+    beta_grid: tuple = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)  # beta="fitted"
     # optimisation (§5.2)
     optimizer: Literal["adam", "adamw"] = "adam"
     learning_rate: float = 2e-5
@@ -133,7 +163,21 @@ class LSRConfig:
     def __post_init__(self):
         checks = [
             (self.k > 0, "k must be positive"),
-            (self.gamma > 0 and self.beta > 0, "gamma and beta must be > 0"),
+            (self.patience >= 0, "patience must be >= 0"),
+            (self.eval_tau >= 0 and (self.eval_tau > 0 or len(self.tau_grid) > 0),
+             "eval_tau must be > 0, or 0 with a tau_grid to fit"),
+            (all(isinstance(t, (int, float)) and t > 0 for t in (*self.tau_grid,
+                                                                  *self.beta_grid)),
+             "tau_grid and beta_grid must hold positive numbers"),
+            (self.supervision == "pool" or (self.towers == "shared" and not self.shuffle_q
+                                            and self.select_on == "last"),
+             "towers='query', shuffle_q and select_on other than 'last' need "
+             "supervision='pool'"),
+            (self.supervision == "online" or bool(self.train_pool),
+             "supervision='pool' needs train_pool (a pool folder)"),
+            (bool(self.dev_pool) or not (self.select_on != "last" or isinstance(
+                self.gamma, str) or isinstance(self.beta, str)),
+             "select_on, gamma or beta fitted/learned need dev_pool"),
             (self.learning_rate > 0, "learning_rate must be > 0"),
             (0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)"),
             (self.batch_size > 0, "batch_size must be positive"),
@@ -166,6 +210,9 @@ class LSRConfig:
                                  ("direction", ("retriever_to_lm", "lm_to_retriever")),
                                  ("lm_score", ("mean", "sum")),
                                  ("objective", ("kl", "marginal")),
+                                 ("supervision", ("online", "pool")),
+                                 ("towers", ("shared", "query")),
+                                 ("select_on", ("last", "pool_loglik", "recall@1")),
                                  ("optimizer", ("adam", "adamw")),
                                  ("refresh_mode", ("background", "sync")),
                                  ("index_backend", ("auto", "faiss", "jax")),
@@ -176,6 +223,10 @@ class LSRConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad config: {message}")
+        try:
+            self.objective_config  # γ and β: a number or a name, checked once, there
+        except ValueError as err:
+            raise ValueError(f"bad config: {err}") from None
         if self.lm_mesh:
             try:
                 parse_mesh(self.lm_mesh)
@@ -199,7 +250,7 @@ class LSRConfig:
         """The loss's piece of this config (what :func:`~replug_jax.train.lsr.make_train_step`
         reads)."""
         return ObjectiveConfig(self.objective, self.direction, self.gamma, self.beta,
-                               self.lm_score)
+                               self.lm_score, self.gamma_learning_rate)
 
     def with_objective(self, objective: ObjectiveConfig) -> "LSRConfig":
         """This config minimising ``objective`` instead (its fields stored flat)."""
@@ -220,18 +271,31 @@ class LSRConfig:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
-    def fingerprint(self, ignore=("total_steps", "eval_every", "checkpoint_every",
+    def fingerprint(self, ignore=("total_steps", "checkpoint_every",
                                   "keep_checkpoints", "remat", "prescore_pool",
                                   "dev_examples", "lm_mesh", "lm_tokens_per_batch",
                                   "lm_api_concurrency",
                                   "lm_api_batch_size", "lm_prefetch")) -> str:
         """A hash of everything that changes the training trajectory (not where the LM runs:
-        a sharded LM scores as one device does)."""
+        a sharded LM scores as one device does). Fields added since a run was made count only
+        when set away from their defaults, so older work directories keep their hashes; the
+        evaluation cadence counts only where it selects the step (pool supervision)."""
         d = {k: v for k, v in self.to_json().items() if k not in ignore}
         if d["lm_dtype"] == "auto":  # as every run was before the field: old hashes hold
             del d["lm_dtype"]
+        defaults = LSRConfig.__dataclass_fields__
+        for name in LATER_FIELDS:
+            if d[name] == defaults[name].default:
+                del d[name]
+        if self.supervision == "online":
+            del d["eval_every"]
         d["index_backend"] = self.resolved_index_backend()  # what the run uses
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# fields added with pool supervision and the temperatures as research variables (issue 65, 66)
+LATER_FIELDS = ("gamma_learning_rate", "supervision", "train_pool", "dev_pool", "towers",
+                "shuffle_q", "select_on", "patience", "eval_tau", "tau_grid", "beta_grid")
 
 
 def apply_overrides(cfg: LSRConfig, overrides: list[str]) -> LSRConfig:

@@ -1,4 +1,11 @@
-"""The LSR loop: batches, retrieval, LM scores, the step, metrics, evaluation.
+"""The LSR trainer, the one every LSR run goes through (``replug train-lsr`` and the studies):
+batches, the step, metrics, checkpoints, the dev curve and the step it keeps.
+
+Its supervision is one of two sources (``cfg.supervision``): ``"online"``, retrieval from
+the index and LM scores of the pairs it brings (scored as needed, kept in a store); or
+``"pool"``, pre-scored pools re-ranked by the current retriever
+(:class:`~replug_jax.train.pool_source.PoolSource`), with the query tower alone or both
+towers learning, a dev curve and a selected step (:mod:`replug_jax.train.selection`).
 
 The pieces it uses: the pure step (:mod:`replug_jax.train.lsr`), index versions and their
 refresh (:mod:`replug_jax.train.refresh`; the index searched at step ``s`` is always version
@@ -27,6 +34,8 @@ import jax
 import numpy as np
 
 from replug_jax.fileio import write_json_atomic, write_text_atomic
+from replug_jax.train.pool_source import PoolSource
+from replug_jax.train.selection import Curve, Selection, read_jsonl
 from replug_jax.lm.score_store import scorer_identity
 from replug_jax.remote import is_remote
 from replug_jax.retrieval.corpus import Passage, leakage_exclusions
@@ -39,7 +48,15 @@ from replug_jax.train.config import LSRConfig
 from replug_jax.train.data import Example, batch_indices, resolve_gold
 from replug_jax.train.prefetch import Prefetcher
 from replug_jax.models.params import split_params, to_module
-from replug_jax.train.lsr import init_state, make_train_step
+from replug_jax.train.lsr import (
+    build_tx,
+    encoder_params,
+    init_state,
+    learned_gamma,
+    make_query_step,
+    make_train_step,
+    trainable,
+)
 from replug_jax.train.refresh import IndexRefresher
 from replug_jax.train.supervision import LMScoreCache, lm_scores
 
@@ -88,10 +105,15 @@ class LSRTrainer:
 
     def __init__(self, cfg: LSRConfig, workdir: str | pathlib.Path, *, retriever: Retriever,
                  lm_scorer, passages: list[Passage] | PassageStore, train: list[Example],
-                 dev: list[Example] = (), progress: bool = True):
+                 dev: list[Example] = (), progress: bool = True, pools=None,
+                 frozen_docs: dict | None = None, dev_recall=None):
         """``passages``: the retrieval corpus, a list or (at scale) the memory-mapped passage
         store an index build writes (``PassageStore.open(idx / "passages.arrow")``): the
-        trainer reads passages by id from it and never holds the corpus."""
+        trainer reads passages by id from it and never holds the corpus (with pool
+        supervision: at least every pool candidate). ``pools``: ``(train pool, dev pool or
+        None)``, the :class:`~replug_jax.train.pool.ScoredPool` s of ``train`` and ``dev``
+        (``supervision="pool"``; no LM needed); ``frozen_docs`` and ``dev_recall``: see
+        :class:`~replug_jax.train.pool_source.PoolSource`."""
         if not len(passages):
             raise ValueError("the retrieval corpus is empty")
         if not train:
@@ -100,6 +122,12 @@ class LSRTrainer:
             raise ValueError("this retriever has two towers (a query encoder of its own); the "
                              "trainer trains one shared encoder: start from one of its "
                              "folders (the query tower, or passage_encoder/)")
+        if (cfg.supervision == "pool") != (pools is not None):
+            raise ValueError("supervision='pool' trains from pools (give the train and dev "
+                             "pools), 'online' from the LM (give no pools)")
+        if pools is not None and jax.process_count() > 1:
+            raise ValueError("pool supervision runs in one process (the pools are read whole); "
+                             "use one host, or supervision='online'")
         self.cfg = cfg
         if is_remote(workdir):  # pathlib would make a local folder named "gs:"
             raise ValueError(f"--workdir {workdir}: a work directory must be on a local or "
@@ -127,12 +155,33 @@ class LSRTrainer:
             raise ValueError(f"the retriever uses {retriever.similarity!r} similarity but the "
                              f"config says {cfg.similarity!r}")
         self.graphdef, self.template, params = split_params(retriever.model.encoder)
-        self.tx = cfg.optim_config.build(cfg.total_steps)
-        self.train_step, self.scores_fn = make_train_step(
-            self.graphdef, self.template, cfg.objective_config, self.tx,
-            retriever.model.pooling, retriever.normalize,
-            schedule=cfg.optim_config.schedule(cfg.total_steps), remat=cfg.remat)
-        self.state = replicate(init_state(params, self.tx), self.mesh)
+        self.pool = None if pools is None else PoolSource(
+            cfg, retriever, pools[0], self.train, pools[1], self.dev, self.by_id,
+            frozen_docs=frozen_docs, dev_recall=dev_recall)
+        # γ and β as the step uses them (named ones fitted from the base on the dev pool)
+        self.objective = (cfg.objective_config if self.pool is None
+                          else self.pool.resolve(cfg.objective_config))
+        self.tx = build_tx(cfg.optim_config, self.objective, cfg.total_steps)
+        schedule = cfg.optim_config.schedule(cfg.total_steps)
+        if self.pool is None:
+            self.train_step, self.scores_fn = make_train_step(
+                self.graphdef, self.template, self.objective, self.tx,
+                retriever.model.pooling, retriever.normalize, schedule=schedule,
+                remat=cfg.remat)
+        else:
+            self.train_step = make_query_step(
+                self.graphdef, self.template, self.objective, self.tx,
+                retriever.model.pooling, retriever.normalize, cfg.k, schedule=schedule)
+        self.state = replicate(init_state(trainable(params, self.objective), self.tx),
+                               self.mesh)
+        self.curve = Curve(self.workdir, Selection(cfg.select_on, cfg.patience))
+        self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
+        self._end = 0  # the step this run stops at (no prefetch beyond it)
+        self.pid, self.pcount = jax.process_index(), jax.process_count()
+        self.checkpoints = Checkpoints(self.workdir / "checkpoints", cfg.keep_checkpoints)
+        if self.pool is not None:
+            self.lm = None
+            return
         # one LM-score cache per process: each scores only its own rows of every batch
         self.pid, self.pcount = jax.process_index(), jax.process_count()
         cache_name = "lm_scores" if self.pcount == 1 else f"lm_scores.p{self.pid}"
@@ -142,23 +191,26 @@ class LSRTrainer:
                           stacklevel=2)
         self.cache = LMScoreCache(self.workdir / cache_name, scorer_identity(lm_scorer)
                                   if hasattr(lm_scorer, "name") else cfg.lm)
-        self.checkpoints = Checkpoints(self.workdir / "checkpoints", cfg.keep_checkpoints)
         self.refresher = IndexRefresher(self.workdir, cfg, retriever, self.store, self.mesh,
-                                        lambda: host_copy(self.state.params), self.pid,
-                                        self.pcount)
-        self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
-        self.hooks: list[Hook] = []
+                                        lambda: self.encoder_params, self.pid, self.pcount)
         self.prefetcher = Prefetcher(self)
-        self._end = 0  # the step this run stops at (no prefetch beyond it)
 
-    def add_hook(self, fn: Callable[[int, dict], None], every: int = 1,
-                 at_end: bool = False) -> None:
-        """Call ``fn(step, record)`` after every ``every``-th step (see :class:`Hook`), after
-        the trainer's own hooks (metrics log, TensorBoard, checkpoint)."""
-        if every <= 0:
-            raise ValueError(f"every must be positive, got {every}")
-        self.hooks.append(Hook(fn, every, at_end))
+    @property
+    def encoder_params(self):
+        """The retriever encoder's current parameters, on the host."""
+        return encoder_params(host_copy(self.state.params))
 
+    @property
+    def temperatures(self) -> dict:
+        """γ and β the run trains with (γ now, where it is learned), and the base's fitted τ
+        and β on the dev pool where they were fitted: stated in every result and card."""
+        out = {"gamma": self.cfg.gamma, "beta": self.cfg.beta, "lm_score": self.cfg.lm_score,
+               "gamma_used": float(self.objective.gamma), "beta_used": float(self.objective.beta)}
+        if self.objective.learns_gamma:
+            out["gamma_now"] = learned_gamma(host_copy(self.state.params))
+        if self.pool is not None and self.pool.base_fit is not None:
+            out["base_fitted"] = dict(self.pool.base_fit)
+        return out
     @property
     def index(self) -> Index | DeviceIndex | None:
         """The index the current step retrieves from."""
@@ -185,8 +237,9 @@ class LSRTrainer:
             write_json_atomic(mine, path)
 
     def _save(self, step: int) -> None:
-        pending = self.refresher.pending
-        meta = {"step": step, "index_version": self.index_version,
+        pending = None if self.pool is not None else self.refresher.pending
+        meta = {"step": step, "index_version": 0 if self.pool is not None else
+                self.index_version,
                 "pending": None if pending is None else {
                     "version": pending.version, "start_step": pending.start_step},
                 "config_fingerprint": self.cfg.fingerprint(),
@@ -214,7 +267,8 @@ class LSRTrainer:
     def _batch(self, step: int) -> tuple[dict, dict]:
         cfg = self.cfg
         batch_examples, examples = self.step_examples(step)
-        params = self.state.params if self.pcount == 1 else host_copy(self.state.params)
+        params = encoder_params(self.state.params) if self.pcount == 1 else \
+            self.encoder_params
         queries = self.retriever.encode_queries([e.query for e in examples], params=params)
         hits = _quietly(self._search, queries, cfg.k, batch_examples)
         t0 = time.perf_counter()
@@ -287,20 +341,26 @@ class LSRTrainer:
         path = self.workdir / "metrics.jsonl"
         # drop the steps after the restored checkpoint (they are redone); one process writes
         if path.exists() and self.pid == 0:
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] < resume_step]
-            write_text_atomic("".join(line + "\n" for line in kept), path)
+            kept = [r for r in read_jsonl(path) if r["step"] < resume_step]
+            write_text_atomic("".join(json.dumps(r) + "\n" for r in kept), path)
         return path
 
     def step(self, step: int) -> dict:
         """One LSR step at ``step``: the index refresh due, the batch (retrieval, LM scores),
         the jitted update. Returns the step's metrics record."""
         t0 = time.perf_counter()
+        if self.pool is not None:
+            self.pool.refresh(step, self.encoder_params, self.workdir)
+            self.state, metrics = self.train_step(
+                self.state, shard_batch(self.pool.batch(step), self.mesh))
+            return {"step": step, **{k: float(v) for k, v in host_copy(metrics).items()},
+                    "step_seconds": round(time.perf_counter() - t0, 4)}
         refresh_wait = self.refresher.step(step)
         self.versions_used[step] = self.index_version
         batch, info = self._batch(step)
         if step + 1 < self._end and self.prefetcher.enabled():
-            self.prefetcher.start(step + 1, self.state.params)  # before the step donates them
+            self.prefetcher.start(step + 1, encoder_params(self.state.params))  # before the
+            # step donates them
         self.state, metrics = self.train_step(self.state, shard_batch(batch, self.mesh))
         record = {"step": step, **{k: float(v) for k, v in host_copy(metrics).items()},
                   "index_version": self.index_version,
@@ -325,20 +385,31 @@ class LSRTrainer:
         return SummaryWriter(str(self.workdir / "tb"))
 
     def run(self, stop_after: int | None = None, on_step=None) -> dict:
-        """Train to ``cfg.total_steps`` (or ``stop_after`` steps from the start of this call).
+        """Train to ``cfg.total_steps`` (or ``stop_after`` steps from the start of this call),
+        or, with pool supervision, until the selection's patience is spent.
 
         After each step the hooks run in order: the metrics log, TensorBoard, the checkpoint
-        (every ``checkpoint_every`` steps and at the end), those of :meth:`add_hook`, then
-        ``on_step(step, record)``."""
+        (every ``checkpoint_every`` steps and at the end), then ``on_step(step, record)``;
+        with pool supervision the dev curve is read every ``eval_every`` steps (and at the
+        last), and the selected step's parameters kept (:mod:`replug_jax.train.selection`)."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         start, meta = self.restore()
-        self.refresher.resume(meta, self.state.params)
+        if self.pool is None:
+            self.refresher.resume(meta, self.encoder_params)
         end = self._end = end_step(cfg, start, stop_after)
-        if cfg.prescore_pool and start < end:
+        ended = self.curve.ended() if self.pool is not None else None
+        if ended is not None:  # a finished pool run: nothing left to train
+            end = self._end = start
+        if self.pool is None and cfg.prescore_pool and start < end:
             self.prescore(start, end)
-        if self.dev and "initial" not in self._dev_metrics():
+        if self.pool is not None:
+            self.curve.resume(start)
+            if not self.curve.points:  # step 0: the base retriever, the curve's reference
+                self.curve.add({"step": 0, **self.pool.evaluate(self.encoder_params)},
+                               host_copy(self.state.params))
+        elif self.dev and "initial" not in self._dev_metrics():
             # The untrained retriever on dev, once per work directory (the model card's baseline).
             self._write_once({"initial": self.evaluate(self.dev)} if start == 0 else
                              {"initial": None, "note": "resumed before a baseline was taken"},
@@ -346,17 +417,16 @@ class LSRTrainer:
         log_path = self._metrics_log(start)
         bar = tqdm(range(start, end), initial=start, total=cfg.total_steps, desc="LSR",
                    disable=not self.progress or self.pid != 0)
-        last = {}
+        last, stopped = {}, False
         with open(log_path if self.pid == 0 else os.devnull, "a") as log:
             writer = self._tensorboard(log_path)
             hooks = [Hook(lambda step, record: (log.write(json.dumps(record) + "\n"),
                                                 log.flush())),
                      *([Hook(_scalars_to(writer))] if writer is not None else []),
                      Hook(lambda step, record: bar.set_postfix(
-                         loss=f"{record['loss']:.4f}", v=record["index_version"])),
+                         loss=f"{record['loss']:.4f}", v=record.get("index_version", 0))),
                      Hook(lambda step, record: self._save(step + 1), cfg.checkpoint_every,
                           at_end=True),
-                     *self.hooks,
                      *([Hook(on_step)] if on_step is not None else [])]
             try:
                 for step in bar:
@@ -364,10 +434,25 @@ class LSRTrainer:
                     for hook in hooks:
                         if hook.due(step + 1, end):
                             hook.fn(step, last)
+                    if self.pool is not None and self._curve_point(step + 1, last):
+                        stopped = True
+                        break
             finally:
-                self.prefetcher.wait(None)  # nothing runs past the last step
+                if self.pool is None:
+                    self.prefetcher.wait(None)  # nothing runs past the last step
                 if writer is not None:
                     writer.close()
+        if stopped:
+            self._save(step + 1)
+        done = step + 1 if stopped else end
+        if self.pool is not None:
+            if ended is None and (stopped or done == cfg.total_steps):
+                self.curve.finish(done, stopped)
+            best, _ = self.curve.best(host_copy(self.state.params))
+            return {"step": done, "last": last, "curve": self.curve.points,
+                    "best_step": best["step"], "best": best,
+                    "stopped_early": bool(stopped or (ended or {}).get("stopped_early")),
+                    "temperatures": self.temperatures}
         result = {"step": end, "last": last, "lm_cache_hits": self.cache.hits,
                   "lm_cache_misses": self.cache.misses}
         if self.dev and end == cfg.total_steps:
@@ -377,6 +462,20 @@ class LSRTrainer:
             self._write_once(dev, self.workdir / "dev_metrics.json")
             result["dev_initial"] = dev.get("initial")
         return result
+
+    def _curve_point(self, done: int, record: dict) -> bool:
+        """Read the dev curve after step ``done`` when due; True when the run stops here."""
+        if done % max(self.cfg.eval_every, 1) and done != self.cfg.total_steps:
+            return False
+        entry = {"step": done, **self.pool.evaluate(self.encoder_params),
+                 **{k: v for k, v in record.items() if k != "step"}}
+        return self.curve.add(entry, host_copy(self.state.params))
+
+    def best_params(self) -> tuple[dict, dict]:
+        """The selected curve point and the encoder parameters kept for it (pool
+        supervision)."""
+        entry, params = self.curve.best(host_copy(self.state.params))
+        return entry, encoder_params(params)
 
     def prescore(self, start: int, end: int, chunk: int = 256) -> dict:
         """Score, in large batches, the top-``prescore_pool`` candidates of the current index
@@ -392,7 +491,7 @@ class LSRTrainer:
         examples = [self.train[i] for i in rows]
         t0 = time.perf_counter()
         queries = self.retriever.encode_queries([e.query for e in examples],
-                                                params=host_copy(self.state.params))
+                                                params=self.encoder_params)
         hits = _quietly(self.index.search, queries, cfg.prescore_pool, self._excluded(examples))
         new = 0
         for i in range(0, len(examples), max(1, chunk // cfg.prescore_pool)):
@@ -420,8 +519,8 @@ class LSRTrainer:
         retrieved), never a re-embedded copy of the corpus."""
         k = k or self.cfg.k
         examples = resolve_gold(examples, self.store)
-        params = host_copy(self.state.params)
-        queries = self.retriever.encode_queries([e.query for e in examples], params=params)
+        queries = self.retriever.encode_queries([e.query for e in examples],
+                                                params=self.encoder_params)
         hits = _quietly(self.index.search, queries, max(k, 5),
                         self._excluded(examples))  # recall@5
         out = {"examples": len(examples)}
@@ -445,7 +544,7 @@ class LSRTrainer:
         results.json of that folder against its base)."""
         from replug_jax.train.export import write_retriever
 
-        encoder = to_module(self.graphdef, self.template, host_copy(self.state.params))
+        encoder = to_module(self.graphdef, self.template, self.encoder_params)
         return write_retriever(self.retriever.model, encoder, out_dir, self.cfg,
                                int(host_copy(self.state.step)) if step is None else step,
                                self.workdir, dtype=dtype, comparison=comparison)[0]

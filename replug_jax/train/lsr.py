@@ -28,12 +28,66 @@ class TrainState(NamedTuple):
     step: jax.Array
 
 
-def _loss(objective: ObjectiveConfig, s_BK, lm_BK, valid_BK):
-    """The LSR loss of retrieval scores against the LM's (Eq. 5 or the marginal likelihood)."""
+def _loss(objective: ObjectiveConfig, s_BK, lm_BK, valid_BK, gamma):
+    """The LSR loss of retrieval scores against the LM's (Eq. 5 or the marginal likelihood)
+    at the retriever's temperature ``gamma`` (a number, or the learned one, traced)."""
     if objective.objective == "marginal":
-        return marginal_nll_loss(s_BK, lm_BK, objective.gamma, valid_BK)
-    return lsr_loss(s_BK, lm_BK, objective.gamma, objective.beta, valid_BK,
+        return marginal_nll_loss(s_BK, lm_BK, gamma, valid_BK)
+    return lsr_loss(s_BK, lm_BK, gamma, objective.beta, valid_BK,
                     direction=objective.direction)
+
+
+def trainable(encoder_params, objective: ObjectiveConfig):
+    """What the optimizer updates: the encoder's parameters, and with a learned γ the
+    log-temperature beside them (``{"encoder": ..., "log_gamma": log γ₀}``)."""
+    if not objective.learns_gamma:
+        return encoder_params
+    return {"encoder": encoder_params, "log_gamma": jnp.log(jnp.float32(objective.gamma))}
+
+
+def encoder_params(params):
+    """The encoder's parameters of a state's ``params`` (:func:`trainable`)."""
+    if isinstance(params, dict) and set(params) == {"encoder", "log_gamma"}:
+        return params["encoder"]
+    return params
+
+
+def learned_gamma(params) -> float | None:
+    """γ of a state with a learned temperature, else None."""
+    if isinstance(params, dict) and set(params) == {"encoder", "log_gamma"}:
+        return float(jnp.exp(params["log_gamma"]))
+    return None
+
+
+def _gamma_of(objective: ObjectiveConfig, params):
+    return jnp.exp(params["log_gamma"]) if objective.learns_gamma else objective.gamma
+
+
+def build_tx(optim, objective: ObjectiveConfig, num_steps: int):
+    """The optimizer of :class:`~replug_jax.train.spec.OptimConfig` over the encoder; a
+    learned γ gets its own Adam at ``objective.gamma_learning_rate`` (at the encoder's 2e-5 a
+    log-temperature would move by at most 0.06 in 3,000 steps), unclipped."""
+    tx = optim.build(num_steps)
+    if not objective.learns_gamma:
+        return tx
+
+    def labels(params):
+        return {"encoder": jax.tree.map(lambda _: "encoder", params["encoder"]),
+                "log_gamma": "gamma"}
+
+    return optax.multi_transform({"encoder": tx,
+                                  "gamma": optax.adam(objective.gamma_learning_rate)}, labels)
+
+
+def _step_metrics(objective: ObjectiveConfig, params, s_BK, lm_BK, valid_BK) -> dict:
+    """What every LSR step reports beside its loss: the entropies of P_R and Q over the k
+    documents, how often their argmax agree, and γ."""
+    gamma = _gamma_of(objective, params)
+    log_p, log_q = lsr_distributions(s_BK, lm_BK, gamma, objective.beta, valid_BK)
+    return {"entropy_retriever": jnp.mean(_entropy(log_p)),
+            "entropy_lm": jnp.mean(_entropy(log_q)),
+            "argmax_agreement": jnp.mean(jnp.argmax(log_p, -1) == jnp.argmax(log_q, -1)),
+            "gamma": jnp.asarray(gamma, jnp.float32)}
 
 
 def _entropy(log_p):
@@ -71,7 +125,7 @@ def make_train_step(graphdef, template, objective: ObjectiveConfig,
     remat = resolve_remat(remat)
 
     def scores_fn(params, batch):
-        encoder = to_module(graphdef, template, params)
+        encoder = to_module(graphdef, template, encoder_params(params))
         b, k, ld = batch["doc_ids"].shape
         kw = dict(pooling=pooling, normalize=normalize, remat=remat)
         q_BD = embed(encoder, batch["query_ids"], batch["query_mask"], **kw)
@@ -82,23 +136,19 @@ def make_train_step(graphdef, template, objective: ObjectiveConfig,
 
     def loss_fn(params, batch):
         s_BK = scores_fn(params, batch)
-        return _loss(objective, s_BK, batch["lm_scores"], batch["doc_valid"]), s_BK
+        return _loss(objective, s_BK, batch["lm_scores"], batch["doc_valid"],
+                     _gamma_of(objective, params)), s_BK
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def train_step(state: TrainState, batch: dict):
         (loss, s_BK), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        log_p, log_q = lsr_distributions(s_BK, batch["lm_scores"], objective.gamma,
-                                         objective.beta, batch["doc_valid"])
-        metrics = {
-            "loss": loss,
-            "entropy_retriever": jnp.mean(_entropy(log_p)),
-            "entropy_lm": jnp.mean(_entropy(log_q)),
-            "argmax_agreement": jnp.mean(jnp.argmax(log_p, -1) == jnp.argmax(log_q, -1)),
-            "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(state.step),
-        }
+        metrics = {"loss": loss,
+                   **_step_metrics(objective, state.params, s_BK, batch["lm_scores"],
+                                   batch["doc_valid"]),
+                   "grad_norm": optax.tree.norm(grads),
+                   "learning_rate": schedule(state.step)}
         return TrainState(params, opt_state, state.step + 1), metrics
 
     return train_step, jax.jit(scores_fn)
@@ -122,7 +172,7 @@ def make_query_step(graphdef, template, objective: ObjectiveConfig, tx, pooling:
     retrieval from an index does not)."""
 
     def loss_fn(params, batch):
-        encoder = to_module(graphdef, template, params)
+        encoder = to_module(graphdef, template, encoder_params(params))
         q_BD = embed(encoder, batch["query_ids"], batch["query_mask"], pooling=pooling,
                      normalize=normalize)
         s_BM = jnp.einsum("bd,bmd->bm", q_BD, batch["doc_emb"])
@@ -131,15 +181,16 @@ def make_query_step(graphdef, template, objective: ObjectiveConfig, tx, pooling:
         s_BK = jnp.take_along_axis(s_BM, top_BK, axis=1)
         lm_BK = jnp.take_along_axis(batch["lm_scores"], top_BK, axis=1)
         valid_BK = jnp.take_along_axis(batch["doc_valid"], top_BK, axis=1)
-        return _loss(objective, s_BK, lm_BK, valid_BK)
+        loss = _loss(objective, s_BK, lm_BK, valid_BK, _gamma_of(objective, params))
+        return loss, (s_BK, lm_BK, valid_BK)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def step(state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+        (loss, picked), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return TrainState(params, opt_state, state.step + 1), {
-            "loss": loss, "grad_norm": optax.tree.norm(grads),
-            "learning_rate": schedule(state.step)}
+            "loss": loss, **_step_metrics(objective, state.params, *picked),
+            "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
 
     return step

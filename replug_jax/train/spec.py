@@ -1,8 +1,7 @@
-"""The typed pieces of an LSR run that more than one trainer reads, readable without JAX:
-what is minimised (:class:`ObjectiveConfig`, paper §4.1–4.3) and how (:class:`OptimConfig`,
-§5.2). :class:`~replug_jax.train.config.LSRConfig` (the online trainer) and
-:class:`~replug_jax.train.pool.PoolTrainConfig` (a pre-scored pool) both expose theirs as
-``objective_config`` and ``optim_config``, and each training function takes the piece it reads.
+"""The typed pieces of an LSR run, readable without JAX: what is minimised
+(:class:`ObjectiveConfig`, paper §4.1–4.3) and how (:class:`OptimConfig`, §5.2).
+:class:`~replug_jax.train.config.LSRConfig` exposes them as ``objective_config`` and
+``optim_config``, and each training function takes the piece it reads.
 """
 
 from __future__ import annotations
@@ -25,18 +24,44 @@ def marginal_score_ok(objective: str, lm_score: str) -> bool:
     return objective != "marginal" or lm_score == "sum"
 
 
+# γ and β as research variables (issue 66): a number, or a name resolved before training
+GAMMA_NAMES = ("fitted", "learned")
+BETA_NAMES = ("fitted",)
+LM_SCORE_MEAN_NOTE = ("lm_score='mean' (Q from the mean per-token log-probability) is a named "
+                      "alternate, not the paper's Q: the paper's Q(d|x,y) uses P_LM(y|d,x), the "
+                      "continuation's probability (the sum); the mean exists for long "
+                      "continuations whose summed scores span hundreds of nats, where Q at "
+                      "β = 0.1 would be one-hot, and it flattens Q on 128-token windows")
+
+
+def _temperature_ok(value, names) -> bool:
+    if isinstance(value, str):
+        return value in names
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
     """The LSR loss: ``kl`` between P_R (Eq. 3, supervision temperature ``gamma``) and Q
     (Eq. 4, ``beta``) in ``direction`` (``retriever_to_lm``: KL(P_R‖Q), the paper's Eq. 5),
-    or the ``marginal`` likelihood ``-log Σ_d P_R(d|x) p(y|d,x)`` (``gamma`` only); Q's
-    branch score is the ``mean`` or ``sum`` of the continuation's token log-probs."""
+    or the ``marginal`` likelihood ``-log Σ_d P_R(d|x) p(y|d,x)`` (``gamma`` only).
+
+    ``gamma``: a number; ``"fitted"``, the base retriever's τ fitted on the dev pools (the τ
+    REPLUG infers at); or ``"learned"``, a trainable log-temperature beside the encoder
+    (started at the fitted τ, Adam at ``gamma_learning_rate``), as CLIP and
+    sentence-transformers scale cosine logits. ``beta``: a number or ``"fitted"`` (the β at
+    which Q over the base retriever's top-k is nearest to P_R at the fitted τ on the dev pools:
+    the loss then measures disagreement in ranking, not in sharpness). Names are resolved by
+    the trainer (:meth:`resolved`) before the step is built. Q's branch score is the ``sum``
+    of the continuation's token log-probs, ``log P_LM(y|d,x)`` as the paper writes it, or their
+    ``mean`` (:data:`LM_SCORE_MEAN_NOTE`)."""
 
     objective: str = "kl"
     direction: str = "retriever_to_lm"
-    gamma: float = 0.1
-    beta: float = 0.1
-    lm_score: str = "mean"
+    gamma: float | str = 0.1
+    beta: float | str = 0.1
+    lm_score: str = "sum"
+    gamma_learning_rate: float = 1e-3
 
     def __post_init__(self):
         for name, allowed in (("objective", ("kl", "marginal")),
@@ -45,18 +70,60 @@ class ObjectiveConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got "
                                  f"{getattr(self, name)!r}")
-        if not (self.gamma > 0 and self.beta > 0):
-            raise ValueError("gamma and beta must be > 0")
+        if not _temperature_ok(self.gamma, GAMMA_NAMES):
+            raise ValueError(f"gamma must be > 0 or one of {GAMMA_NAMES}, got {self.gamma!r}")
+        if not _temperature_ok(self.beta, BETA_NAMES):
+            raise ValueError(f"beta must be > 0 or one of {BETA_NAMES}, got {self.beta!r}")
+        if not self.gamma_learning_rate > 0:
+            raise ValueError("gamma_learning_rate must be > 0")
         if not marginal_score_ok(self.objective, self.lm_score):
             raise ValueError(MARGINAL_NEEDS_SUM)
 
+    @property
+    def learns_gamma(self) -> bool:
+        return self.gamma == "learned"
+
+    @property
+    def needs_fit(self) -> bool:
+        """Whether γ or β is named and must be fitted on dev pools before training."""
+        return isinstance(self.gamma, str) or isinstance(self.beta, str)
+
+    def resolved(self, tau: float | None = None, beta: float | None = None
+                 ) -> "ObjectiveConfig":
+        """This objective with numbers in place of names: ``tau`` (the fitted τ) for
+        ``gamma="fitted"`` and as the start of ``"learned"`` (kept as the name's
+        ``learns_gamma`` flag: the step then reads γ from the state), ``beta`` for
+        ``beta="fitted"``."""
+        gamma, b = self.gamma, self.beta
+        if isinstance(gamma, str):
+            if tau is None:
+                raise ValueError(f"gamma={gamma!r} needs a τ fitted on dev pools")
+            gamma = float(tau)
+        if isinstance(b, str):
+            if beta is None:
+                raise ValueError("beta='fitted' needs dev pools to fit it on")
+            b = float(beta)
+        return ResolvedObjective(self.objective, self.direction, gamma, b, self.lm_score,
+                                 self.gamma_learning_rate, learned=self.learns_gamma)
+
     @classmethod
-    def named(cls, name: str, gamma: float, beta: float, lm_score: str) -> "ObjectiveConfig":
+    def named(cls, name: str, gamma, beta, lm_score: str) -> "ObjectiveConfig":
         """From a study's objective name (:data:`OBJECTIVES`)."""
         if name not in OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {name!r}")
         objective, direction = OBJECTIVES[name]
         return cls(objective, direction, gamma, beta, lm_score)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedObjective(ObjectiveConfig):
+    """An objective whose γ and β are numbers (``learned``: γ is trained, from ``gamma``)."""
+
+    learned: bool = False
+
+    @property
+    def learns_gamma(self) -> bool:
+        return self.learned
 
 
 @dataclasses.dataclass(frozen=True)
