@@ -12,7 +12,8 @@ datastore in :mod:`experiments.lib.lsr_qa_data`).
    the base on dev and test; the shuffled-Q control trained like the first variant.
 4. **Training**, in each fold (SQuAD: one, by article; NQ: K by question), on the train pool
    for every objective × (γ, β), early-stopped on dev
-   (:func:`replug_jax.train.pool.train_on_pool`, only the query tower learning by default).
+   (the one trainer, :class:`replug_jax.train.loop.LSRTrainer` on the pools, only the query
+   tower learning by default).
 5. **Test, end to end**: every retriever (base, each variant) retrieves its top-k for every
    test question from the whole datastore; the pairs the test pool lacks (their union over
    retrievers) are scored once; τ is fitted on the dev pool per retriever; the primary
@@ -55,6 +56,7 @@ from replug_jax.retrieval.encoder import Retriever
 from replug_jax.train.pool import (
     build_pool,
     embed_pool,
+    fit_tau,
     oracle_logliks,
     pool_logliks,
     score_pairs,
@@ -63,14 +65,6 @@ from replug_jax.train.pool import (
 
 def retrieve(store, retriever, params, questions, k: int):
     return store.search(retriever.encode_queries([q.question for q in questions], params), k)
-
-
-def fit_tau(pool, scores_EM, k: int, grid) -> tuple[float, float]:
-    """(τ, dev mean log-likelihood at τ): the τ of ``grid`` that maximises REPLUG's mean dev
-    log-likelihood of the retriever's top-k within the dev pools."""
-    means = [float(np.mean(pool_logliks(pool, scores_EM, k, t))) for t in grid]
-    best = int(np.argmax(means))
-    return float(grid[best]), means[best]
 
 
 def pool_scores(retriever, params, pool, examples, by_id, frozen: dict) -> np.ndarray:

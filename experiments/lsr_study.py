@@ -6,7 +6,7 @@ compared on the same LM scores, and the chosen retriever evaluated end to end.
    once by the frozen LM (:func:`replug_jax.train.pool.build_pool`; resumable).
 2. For every objective (KL(P_R‖Q) as the paper, KL(Q‖P_R), the marginal likelihood) and
    (γ, β) of the grid: LSR on the train pool for up to ``steps`` steps with a dev curve and
-   early stopping (:func:`replug_jax.train.pool.train_on_pool`); dev and test bits per byte of
+   early stopping (the one trainer, :class:`replug_jax.train.loop.LSRTrainer` on the pools); dev and test bits per byte of
    REPLUG within the pools, each vs the base retriever with a paired bootstrap interval.
 3. The variant with the best dev value re-embeds the whole datastore (with ``towers="query"``
    the passages keep their base embeddings) and retrieves its top-k for every test example
@@ -38,8 +38,8 @@ from replug_jax.retrieval.corpus import chunk_documents, leakage_exclusions, rea
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval import Index, corpus_text
 from replug_jax.train.data import lm_examples
+from replug_jax.core.ensemble import bits_per_byte
 from replug_jax.train.pool import (
-    bits_per_byte,
     build_pool,
     embed_pool,
     oracle_logliks,
@@ -50,6 +50,11 @@ from replug_jax.train.release import passes as release_passes
 SPLITS = ("train", "dev", "test")
 
 
+def _bpb(logliks_E, bytes_E) -> float:
+    """Bits per byte of per-example log-likelihoods (the core's, from their totals)."""
+    return float(bits_per_byte(np.sum(logliks_E, dtype=np.float64), np.sum(bytes_E)))
+
+
 def headroom(pools, base_ll, bytes_, cfg, kw) -> dict:
     """The oracle ceiling on the dev and test pools (the LM's own top-k, base λ) against the
     base retriever, with article-clustered intervals, and whether there is anything to learn:
@@ -57,7 +62,7 @@ def headroom(pools, base_ll, bytes_, cfg, kw) -> dict:
     out = {"oracle_bpb": {}, "oracle_vs_base": {}}
     for s in ("dev", "test"):
         ll = oracle_logliks(pools[s], cfg.k, cfg.eval_temperature)
-        out["oracle_bpb"][s] = bits_per_byte(ll, bytes_[s])
+        out["oracle_bpb"][s] = _bpb(ll, bytes_[s])
         out["oracle_vs_base"][s] = bpb_difference(ll, base_ll[s], bytes_[s], **kw[s])
     out["headroom"] = out["oracle_vs_base"]["dev"]["high"] < 0
     d = out["oracle_vs_base"]["dev"]
@@ -217,7 +222,7 @@ class WindowsTask:
                           *doc_tower)
         ll = pool_logliks(self.pools[s], np.einsum("ed,emd->em", q, d), self.cfg.k,
                           self.cfg.eval_temperature)
-        return {"bpb": bits_per_byte(ll, self.bytes_[s]),
+        return {"bpb": _bpb(ll, self.bytes_[s]),
                 "vs_base": bpb_difference(ll, self.base_ll[s], self.bytes_[s], **self.kw[s]),
                 "logliks": ll.tolist()}
 
@@ -260,9 +265,9 @@ class WindowsTask:
         """LM alone, base and LSR bits per byte on test, the paired differences, the smallest
         detectable effect and the release rule's verdict; and whether the rule passes."""
         base, nbytes, kw = self.base_ll["test"], self.bytes_["test"], self.kw["test"]
-        e2e = {"lm_alone_bpb": bits_per_byte(alone, nbytes),
-               "base_bpb": bits_per_byte(base, nbytes),
-               "lsr_bpb": bits_per_byte(full_ll, nbytes),
+        e2e = {"lm_alone_bpb": _bpb(alone, nbytes),
+               "base_bpb": _bpb(base, nbytes),
+               "lsr_bpb": _bpb(full_ll, nbytes),
                "base_vs_lm_alone": bpb_difference(base, alone, nbytes, **kw),
                "lsr_vs_base": bpb_difference(full_ll, base, nbytes, **kw)}
         e2e["min_detectable_bpb"] = min_detectable(e2e["lsr_vs_base"])
@@ -286,7 +291,7 @@ class WindowsTask:
             "examples": {s: len(examples[s]) for s in examples}, "lm_pairs_scored": pairs,
             "end_to_end_pairs_reused": full.provenance["pairs_reused"],
             "pairs_per_second": [r for r in rates if r is not None],
-            "base": {s: {"bpb": bits_per_byte(base_ll[s], bytes_[s])} for s in base_ll},
+            "base": {s: {"bpb": _bpb(base_ll[s], bytes_[s])} for s in base_ll},
             "variants": {n: {k: v for k, v in r.items() if k != "curve"}
                          | {"curve": r["curve"]} for n, r in t["runs"].items()},
             # every window's log-likelihood under each system, with its id, article and

@@ -48,26 +48,36 @@ def test_an_lsr_config_is_read_without_jax():
     assert out.strip() == "[]"
 
 
-def test_both_trainers_hand_the_same_pieces_to_the_step():
-    """The online trainer's flat fields and the pool trainer's objective names describe the
-    same ObjectiveConfig / OptimConfig; a bad piece is refused where the config is made."""
+def test_the_trainers_pieces_and_the_temperatures_as_research_variables():
+    """The flat fields and the study's objective names describe the same ObjectiveConfig /
+    OptimConfig; γ is a number, "fitted" or "learned", β a number or "fitted", Q the sum by
+    default (the paper's P_LM(y|d,x)); a bad piece is refused where the config is made."""
     from replug_jax.train.config import LSRConfig
-    from replug_jax.train.pool import PoolTrainConfig
     from replug_jax.train.spec import ObjectiveConfig, OptimConfig
 
     online = LSRConfig(direction="lm_to_retriever", gamma=1.0, beta=0.5, learning_rate=1e-4,
-                       warmup_ratio=0.2, grad_clip=0.5)
-    pool = PoolTrainConfig(objective="kl_lm_to_retriever", gamma=1.0, beta=0.5,
-                           learning_rate=1e-4, warmup_ratio=0.2, grad_clip=0.5)
-    assert online.objective_config == pool.objective_config == ObjectiveConfig(
+                       warmup_ratio=0.2, grad_clip=0.5, lm_score="mean")
+    assert online.objective_config == ObjectiveConfig.named(
+        "kl_lm_to_retriever", 1.0, 0.5, "mean") == ObjectiveConfig(
         "kl", "lm_to_retriever", 1.0, 0.5, "mean")
-    assert online.optim_config == pool.optim_config == OptimConfig("adam", 1e-4, 0.0, 0.2, 0.5)
-    assert PoolTrainConfig(objective="marginal", lm_score="sum").objective_config.objective \
-        == "marginal"
+    assert online.optim_config == OptimConfig("adam", 1e-4, 0.0, 0.2, 0.5)
+    assert LSRConfig().lm_score == "sum" and ObjectiveConfig().lm_score == "sum"
     with pytest.raises(ValueError, match="objective must be one of"):
-        PoolTrainConfig(objective="kl")
-    with pytest.raises(ValueError, match="gamma and beta"):
+        ObjectiveConfig.named("kl", 0.1, 0.1, "sum")
+    with pytest.raises(ValueError, match="gamma must be > 0 or one of"):
         ObjectiveConfig(gamma=0.0)
+    with pytest.raises(ValueError, match="beta must be > 0 or one of"):
+        ObjectiveConfig(beta="learned")  # a learned β is not offered
+    pool = dict(supervision="pool", train_pool="p", dev_pool="d")
+    learned = LSRConfig(gamma="learned", beta="fitted", **pool).objective_config
+    assert learned.learns_gamma and learned.needs_fit
+    fixed = learned.resolved(tau=0.02, beta=2.0)
+    assert (fixed.gamma, fixed.beta, fixed.learns_gamma, fixed.needs_fit) == \
+        (0.02, 2.0, True, False)
+    with pytest.raises(ValueError, match="need dev_pool"):
+        LSRConfig(gamma="fitted", supervision="pool", train_pool="p")
+    with pytest.raises(ValueError, match="need supervision='pool'"):
+        LSRConfig(towers="query")
     with pytest.raises(ValueError, match="warmup_ratio"):
         OptimConfig(warmup_ratio=1.0)
     schedule = OptimConfig(learning_rate=1.0, warmup_ratio=0.5).schedule(10)
@@ -79,7 +89,6 @@ def test_dotted_keys_set_a_pieces_field_and_old_flat_configs_hash_as_before(tmp_
     ``gamma=1`` of configs written before the pieces are one config with one fingerprint."""
     from replug_jax.config import ConfigError, load
     from replug_jax.train.config import LSRConfig, apply_overrides
-    from replug_jax.train.pool import PoolTrainConfig
 
     flat = LSRConfig(gamma=1.0, lm_dtype="bfloat16", index_factory="IVF16,Flat",
                      learning_rate=1e-4)
@@ -95,9 +104,10 @@ def test_dotted_keys_set_a_pieces_field_and_old_flat_configs_hash_as_before(tmp_
     with pytest.raises(ConfigError, match="unknown config key 'objective.gama'; did you mean "
                                           "'objective.gamma'"):
         apply_overrides(LSRConfig(), ["objective.gama=1"])
-    with pytest.raises(ConfigError, match="gamma and beta must be > 0"):
+    with pytest.raises(ConfigError, match="gamma must be > 0"):
         apply_overrides(LSRConfig(), ["objective.gamma=0"])
-    pool = apply_overrides(PoolTrainConfig(), ["objective.beta=0.5", "optim.grad_clip=0"])
-    assert (pool.beta, pool.grad_clip, pool.objective_config.beta) == (0.5, 0.0, 0.5)
-    with pytest.raises(ConfigError, match="unknown config key 'lm.dtype'"):
-        apply_overrides(PoolTrainConfig(), ["lm.dtype=bfloat16"])
+    pool = apply_overrides(LSRConfig(), ["supervision.kind=pool", "supervision.train_pool=p",
+                                         "supervision.dev_pool=d", "objective.gamma=fitted",
+                                         "objective.beta=0.5", "selection.metric=pool_loglik"])
+    assert (pool.supervision, pool.gamma, pool.beta, pool.select_on) == \
+        ("pool", "fitted", 0.5, "pool_loglik")

@@ -610,9 +610,9 @@ def test_lsr_study_tiny(data, tmp_path, monkeypatch):
 
     monkeypatch.setitem(lsr_study.CONFIGS, "tiny_fresh",
                         dataclasses.replace(lsr_study.CONFIGS["tiny"], work="tiny"))
-    from experiments.lib import pool_study
+    from replug_jax.train import loop
 
-    monkeypatch.setattr(pool_study, "train_on_pool", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(loop.LSRTrainer, "run", lambda *a, **k: pytest.fail("trained"))
     fresh = argv[:1] + ["tiny_fresh"] + argv[2:]
     fresh[fresh.index(f"test_data={wiki}/test.jsonl")] = f"test_data={wiki}/dev.jsonl"
     lsr_study.main(fresh)
@@ -702,3 +702,47 @@ def test_prepare_enwiki_lm_adds_fresh_articles_without_changing_train_and_dev(da
     assert not set(with_fresh["fresh_test"]) & set(with_fresh["train"] + with_fresh["dev"])
     with pytest.raises(SystemExit, match="fresh"):
         split(tmp_path / "c", 10_000)
+
+
+def test_lsr_temperature_tiny(data, tmp_path):
+    """The temperature study end to end on lsr_qa's tiny pools: γ fitted and learned × β 1 and
+    fitted × KL and the marginal likelihood, each run by the one trainer; per run the γ and β
+    used (learned: where it went), the kept step's dev recall@1 and dev-pool log-likelihood
+    against the base with intervals, the measured entropies, the figure; a rerun trains
+    nothing."""
+    from experiments import lsr_temperature
+
+    argv = ["--config", "tiny", "--out", str(tmp_path / "out"), "--no-progress",
+            "--set", f"workdir={tmp_path / 'work'}"]
+    lsr_temperature.main(argv)
+    res = json.loads((tmp_path / "out" / "lsr_temperature" / "tiny.json").read_text())
+    names = [r["variant"] for r in res["rows"]]
+    assert names == ["kl_retriever_to_lm/γ=fitted/β=1/Q=sum", "marginal/γ=fitted",
+                     "kl_retriever_to_lm/γ=fitted/β=fitted/Q=sum",
+                     "kl_retriever_to_lm/γ=learned/β=1/Q=sum", "marginal/γ=learned",
+                     "kl_retriever_to_lm/γ=learned/β=fitted/Q=sum"]
+    fit = res["base"]["fitted"]
+    assert fit["tau"] in (0.1, 1.0) and fit["beta"] > 0
+    for r in res["rows"]:
+        t = r["temperatures"]
+        assert t["gamma_used"] == pytest.approx(fit["tau"])  # fitted, or learned's start
+        assert ("gamma_now" in t) == (r["config"]["gamma"] == "learned")
+        if r["config"]["beta"] == "fitted" and r["config"]["objective"] == "kl":
+            assert t["beta_used"] == pytest.approx(fit["beta"])
+        d = r["dev_recall@1_vs_base"]
+        assert d["low"] <= d["difference"] <= d["high"]
+        assert [c["step"] for c in r["curve"]] == [0, 2, 4]
+    learned = [r for r in res["rows"] if r["config"]["gamma"] == "learned"]
+    assert any(r["temperatures"]["gamma_now"] != pytest.approx(fit["tau"]) for r in learned)
+    ent = res["entropies"]
+    assert all(0 <= v <= ent["uniform"] + 1e-9 for v in ent["retriever"].values())
+    assert (tmp_path / "out" / "lsr_temperature" / "tiny.png").stat().st_size > 0
+    kept = sorted((tmp_path / "out" / "lsr_temperature" / "tiny_runs").glob("*.json"))
+    assert len(kept) == 6  # each finished run's JSON, for the next machine
+    import shutil
+
+    shutil.rmtree(tmp_path / "work" / "lsr_temperature_tiny")  # another machine: runs lost
+    lsr_temperature.main(argv)  # every run read back from the results folder, none trained
+    assert not list((tmp_path / "work" / "lsr_temperature_tiny").glob("*/checkpoints"))
+    again = json.loads((tmp_path / "out" / "lsr_temperature" / "tiny.json").read_text())
+    assert [r["dev_recall@1"] for r in again["rows"]] == [r["dev_recall@1"] for r in res["rows"]]

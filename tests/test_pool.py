@@ -268,19 +268,22 @@ def test_a_pool_of_other_candidates_reuses_the_pairs_already_scored(tiny, tmp_pa
 
 
 def test_a_saved_run_is_reused_when_trained_alike_whatever_json_made_of_it():
-    """A variant read back from its JSON (tuples become lists) and a run saved before a field
-    existed (the field at its default) count as trained alike; any changed setting does not."""
+    """A variant read back from its JSON (tuples become lists) counts as trained alike; any
+    setting that changes the trajectory or the budget does not, nor a run of the retired
+    pool trainer's config (its fields are not the trainer's)."""
     import dataclasses
     import json
 
     from experiments.lib.lsr_common import trained_with
-    from replug_jax.train.pool import PoolTrainConfig
+    from replug_jax.train.config import LSRConfig
 
-    v = PoolTrainConfig(objective="kl_retriever_to_lm", gamma=1.0, beta=1.0)
-    stored = json.loads(json.dumps(vars(v)))
+    v = LSRConfig(supervision="pool", train_pool="p", dev_pool="d", gamma="fitted", beta=1.0,
+                  towers="query", select_on="recall@1")
+    stored = json.loads(json.dumps(v.to_json()))
     assert trained_with(stored, v)
-    old = {k: x for k, x in stored.items() if k not in ("tau_grid", "select_on", "early_stop")}
-    assert trained_with(old, v)
-    assert not trained_with(old, dataclasses.replace(v, select_on="recall@1"))
+    assert trained_with(stored, dataclasses.replace(v, checkpoint_every=7))
+    assert not trained_with(stored, dataclasses.replace(v, select_on="pool_loglik"))
+    assert not trained_with(stored, dataclasses.replace(v, total_steps=9))
     assert not trained_with({**stored, "gamma": 0.1}, v)
+    assert not trained_with({"objective": "kl_retriever_to_lm", "steps": 3}, v)
     assert not trained_with(None, v)

@@ -12,7 +12,9 @@ import numpy as np
 
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.branches import BranchCache
-from replug_jax.train.pool import PoolTrainConfig, ScoredPool, score_pairs
+from replug_jax.train.config import LSRConfig
+from replug_jax.train.pool import ScoredPool, score_pairs
+from replug_jax.train.spec import OBJECTIVES
 from replug_jax.train.refresh import flatten_params
 
 # What every card and results page of a study trained from all-MiniLM-L6-v2 states (its model
@@ -32,7 +34,11 @@ BASE_DATA_LM = ("The base, all-MiniLM-L6-v2, was itself trained contrastively (b
 Z_ALPHA, Z_POWER = 1.959964, 0.841621
 
 
-def variants(cfg) -> list[PoolTrainConfig]:
+def variants(cfg) -> list[LSRConfig]:
+    """The study's runs as configs of the one trainer (``supervision="pool"``): every
+    objective × (γ, β) of its grid (the marginal likelihood has no β), then the shuffled-Q
+    control of the first. ``train_pool``/``dev_pool`` name the study's pools (the trainer is
+    handed the pools themselves)."""
     out, seen = [], set()
     for gamma, beta in cfg.grid:
         for objective in cfg.objectives:
@@ -40,36 +46,56 @@ def variants(cfg) -> list[PoolTrainConfig]:
             if key in seen:  # the marginal likelihood has no β
                 continue
             seen.add(key)
-            out.append(PoolTrainConfig(
-                objective=objective, gamma=gamma, beta=beta, k=cfg.k,
+            kind, direction = OBJECTIVES[objective]
+            select_on = getattr(cfg, "select_on", "pool_loglik")
+            out.append(LSRConfig(
+                supervision="pool", train_pool=f"{cfg.workdir}:train",
+                dev_pool=f"{cfg.workdir}:dev", retriever=cfg.retriever, lm=cfg.lm,
+                objective=kind, direction=direction, gamma=gamma,
+                beta=1.0 if objective == "marginal" else beta, k=cfg.k,
                 lm_score="sum" if objective == "marginal" else cfg.lm_score,  # its only score
-                steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-                refresh_every=cfg.refresh_every, eval_every=cfg.eval_every,
-                patience=cfg.patience, eval_temperature=cfg.eval_temperature,
-                **({"tau_grid": tuple(cfg.tau_grid)} if hasattr(cfg, "tau_grid") else {}),
-                select_on=getattr(cfg, "select_on", "pool_loglik"),
-                towers=getattr(cfg, "towers", "shared"), seed=cfg.seed))
+                total_steps=cfg.steps, batch_size=cfg.batch_size,
+                learning_rate=cfg.learning_rate, refresh_every=cfg.refresh_every,
+                eval_every=cfg.eval_every, patience=cfg.patience,
+                eval_tau=cfg.eval_temperature, tau_grid=tuple(getattr(
+                    cfg, "tau_grid", LSRConfig.tau_grid)), select_on=select_on,
+                towers=getattr(cfg, "towers", "shared"), seed=cfg.seed, num_devices=1,
+                checkpoint_every=cfg.eval_every, keep_checkpoints=1))
     if cfg.shuffled_control and out:  # the first variant again, on Q permuted within pools
         fixed = getattr(cfg, "control_steps", 0)  # a fixed budget: it cannot return the base
         out.append(dataclasses.replace(out[0], shuffle_q=True, **(
-            {"steps": fixed, "early_stop": False} if fixed else {})))
+            {"total_steps": fixed, "select_on": "last"} if fixed else {})))
     return out
 
 
-def trained_with(stored: dict | None, v: PoolTrainConfig) -> bool:
+def trained_with(stored: dict | None, v: LSRConfig) -> bool:
     """Whether a run saved with config ``stored`` (its JSON) was trained as ``v`` would be:
-    compared after the JSON round trip (tuples come back as lists), a field the saved run
-    predates counting as its default (the behaviour it was trained with)."""
+    the same fingerprint (what changes the trajectory) and the same budget."""
     if not isinstance(stored, dict):
         return False
-    mine = json.loads(json.dumps(vars(v)))
-    defaults = json.loads(json.dumps(vars(PoolTrainConfig())))
-    return {k: stored.get(k, defaults[k]) for k in mine} == mine and set(stored) <= set(mine)
+    try:
+        old = LSRConfig(**{k: tuple(x) if isinstance(x, list) else x
+                           for k, x in stored.items()})
+    except (TypeError, ValueError):  # a run of the retired pool trainer's config
+        return False
+    return old.fingerprint() == v.fingerprint() and old.total_steps == v.total_steps
 
 
-def label(v: PoolTrainConfig) -> str:
-    beta = f"/β={v.beta:g}" if v.objective != "marginal" else ""
-    return f"{v.objective}/γ={v.gamma:g}{beta}" + ("/shuffled-Q control" if v.shuffle_q else "")
+def objective_name(v: LSRConfig) -> str:
+    """The study's name of a run's objective (:data:`OBJECTIVES`)."""
+    return next(n for n, (kind, d) in OBJECTIVES.items()
+                if kind == v.objective and (kind == "marginal" or d == v.direction))
+
+
+def label(v: LSRConfig) -> str:
+    gamma = f"{v.gamma:g}" if isinstance(v.gamma, float) else v.gamma
+    beta = (f"/β={v.beta:g}" if isinstance(v.beta, float) else f"/β={v.beta}") \
+        if v.objective != "marginal" else ""
+    # the studies before issue 66 ran KL on the mean (their labels name no Q); the sum, the
+    # paper's Q, is named
+    q = "/Q=sum" if v.lm_score == "sum" and v.objective != "marginal" else ""
+    return f"{objective_name(v)}/γ={gamma}{beta}{q}" + (
+        "/shuffled-Q control" if v.shuffle_q else "")
 
 
 def slug(name: str) -> str:

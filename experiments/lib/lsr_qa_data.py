@@ -52,6 +52,9 @@ class Study:
     # the test questions whose recall is measured when only some of them get an LM pool
     # (``max_test_lm``): the pool set's questions are a subset of these
     recall_test: list[squad.Question] | None = None
+    # every question of the dev articles (SQuAD), whose recall needs no LM: the temperature
+    # study's ≥ 4,000-question dev recall is drawn from them
+    dev_all: list[squad.Question] | None = None
 
     def questions(self, fold: int, split: str) -> list[squad.Question]:
         name, rows = self.folds[fold][split]
@@ -137,7 +140,8 @@ def _squad(cfg, retriever, work, distractors, progress) -> Study:
             test_set: test_qs}
     names = {"train": "train", "dev": "dev", "test": test_set}
     fold = {s: (names[s], np.arange(len(sets[names[s]]))) for s in SPLITS}
-    return Study(squad.MergedDatastore(squad_index, distractors), sets, [fold], recall_test)
+    return Study(squad.MergedDatastore(squad_index, distractors), sets, [fold], recall_test,
+                 dev_qs)
 
 
 def _nq(cfg, retriever, work, distractors, progress) -> Study:

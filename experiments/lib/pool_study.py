@@ -33,7 +33,6 @@ from experiments.lib.common import parse_experiment_args, provenance
 from experiments.lib.lsr_common import label, save_params, slug, trained_with, variants
 from replug_jax.fileio import write_json_atomic
 from replug_jax.timing import Timer
-from replug_jax.train.pool import train_on_pool
 from replug_jax.train.refresh import unflatten_params
 
 
@@ -64,24 +63,23 @@ def stage_args(ap) -> None:
 
 
 def run_params(retriever, fold: Fold, name: str):
-    """The trained parameters of run ``name`` in ``fold``: ``runs/<slug>.npz``, or the
-    ``best_params.npz`` an earlier version kept for the best run on dev."""
+    """The kept parameters of run ``name`` in ``fold`` (``runs/<slug>.npz``)."""
     path = fold.run_dir / f"{slug(name)}.npz"
     if not path.exists():
-        legacy = fold.work / "best_params.npz"
-        info = legacy.with_suffix(".json")
-        if not (info.exists() and json.loads(info.read_text()).get("variant") == name):
-            raise ValueError(f"{path}: no trained parameters of {name}; delete "
-                             f"{fold.run_dir} and rerun")
-        path = legacy
+        raise ValueError(f"{path}: no trained parameters of {name}; delete {fold.run_dir} "
+                         "and rerun")
     return unflatten_params(dict(np.load(path, allow_pickle=False)), retriever.params)
 
 
-def train_variants(task, fold: Fold) -> dict:
-    """Every variant of the config's grid trained on the fold's train pool (early-stopped on
-    dev), or its finished run read back when it was trained with the same settings: name →
-    the run's JSON (config, steps, curve, seconds and what ``task.measure`` adds); the
-    parameters are in ``run_dir/<slug>.npz``."""
+def train_variants(task, fold: Fold, on_run=None) -> dict:
+    """Every variant of the config's grid trained on the fold's train pool by the one trainer
+    (:class:`~replug_jax.train.loop.LSRTrainer`, ``supervision="pool"``, each in its own
+    resumable work folder under ``run_dir``), or its finished run read back when it was
+    trained with the same settings: name → the run's JSON (config, temperatures, steps,
+    curve, seconds and what ``task.measure`` adds); the kept parameters are in
+    ``run_dir/<slug>.npz``; ``on_run(path)`` after each run is written (its JSON's path)."""
+    from replug_jax.train.loop import LSRTrainer
+
     runs = {}
     fold.run_dir.mkdir(parents=True, exist_ok=True)
     for v in variants(task.cfg):
@@ -93,16 +91,23 @@ def train_variants(task, fold: Fold) -> dict:
         if fold.reuse_only:
             raise ValueError(f"{out}: no trained run of {name}; run the config whose work "
                              "this one reuses (work=) first")
-        fit = train_on_pool(task.retriever, fold.pools["train"], fold.examples["train"],
-                            fold.pools["dev"], fold.examples["dev"], task.by_id, v,
-                            progress=task.progress, frozen_docs=task.frozen,
-                            dev_recall=fold.dev_recall)
-        save_params(fit["params"], out.with_suffix(".npz"), {"variant": name})
-        row = {"config": vars(v), "best_step": fit["best_step"], "steps_run": fit["steps_run"],
-               "curve": fit["curve"], "seconds": round(fit["seconds"], 1),
-               **task.measure(fold, fit["params"])}
+        with Timer() as sw:
+            trainer = LSRTrainer(v, fold.run_dir / slug(name), retriever=task.retriever,
+                                 lm_scorer=None, passages=list(task.by_id.values()),
+                                 train=fold.examples["train"], dev=fold.examples["dev"],
+                                 progress=task.progress,
+                                 pools=(fold.pools["train"], fold.pools["dev"]),
+                                 frozen_docs=task.frozen, dev_recall=fold.dev_recall)
+            fit = trainer.run()
+            _, params = trainer.best_params()
+        save_params(params, out.with_suffix(".npz"), {"variant": name})
+        row = {"config": v.to_json(), "temperatures": fit["temperatures"],
+               "best_step": fit["best_step"], "steps_run": fit["step"], "curve": fit["curve"],
+               "seconds": round(sw.seconds, 1), **task.measure(fold, params)}
         write_json_atomic(row, out)
         runs[name] = row
+        if on_run is not None:
+            on_run(out)
     return runs
 
 

@@ -28,6 +28,17 @@ def cmd_train_lsr(args) -> int:
     result = trainer.run(stop_after=args.max_steps)
     result["variant"] = variant
     last = result["last"]
+    if cfg.supervision == "pool":
+        best = result["best"]
+        emit(args, result,
+             f"step {result['step']}/{cfg.total_steps}"
+             + (" (stopped early)" if result["stopped_early"] else "")
+             + f": kept step {result['best_step']} ({cfg.select_on}): "
+             + ", ".join(f"{k} {best[k]:.4f}" for k in ("dev_recall@1", "dev_loglik", "tau")
+                         if k in best)
+             + f"; γ {trainer.temperatures['gamma_used']:g}, β "
+             f"{trainer.temperatures['beta_used']:g}")
+        return 0
     emit(args, result,
          f"step {result['step']}/{cfg.total_steps}: loss {last.get('loss', float('nan')):.4f}, "
          f"P_R/Q argmax agreement {last.get('argmax_agreement', float('nan')):.2f}, LM cache "

@@ -34,6 +34,8 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
     retriever = Retriever.load(cfg.retriever, similarity=cfg.similarity,
                                max_length=cfg.doc_max_length,
                                query_max_length=cfg.query_max_length)
+    if cfg.supervision == "pool":
+        return _pool_trainer(cfg, workdir, retriever, progress)
     lm = None
     if with_lm:
         if cfg.lm_api_base:
@@ -96,3 +98,46 @@ def lm_mesh(cfg):
                       f"{cfg.num_devices or total} devices overlap: set num_devices <= "
                       f"{total - n} to give each its own", stacklevel=2)
     return make_mesh(shape=shape, devices=jax.devices()[total - n:])
+
+
+def _pool_trainer(cfg: LSRConfig, workdir, retriever, progress: bool) -> LSRTrainer:
+    """The trainer on pre-scored pools: ``train_pool``/``dev_pool`` (folders a pool build
+    wrote, their examples those of ``data``/``dev_data`` in order), the passages of
+    ``corpus``; with ``select_on="recall@1"`` the corpus must be an index folder built by the
+    base retriever (the query tower alone learns, so its passage vectors stay valid), which
+    the dev questions' recall@1 is read from. No LM is loaded."""
+    import numpy as np
+
+    from replug_jax.retrieval import Index
+    from replug_jax.train.data import resolve_gold
+    from replug_jax.train.pool import ScoredPool
+
+    shots = read_demonstrations(cfg.qa_demonstrations) if cfg.qa_demonstrations else []
+    if cfg.task != "qa":
+        raise ValueError("supervision='pool' from the command line takes task='qa' examples; "
+                         "language-modelling pools are built by experiments/lsr_study.py")
+    train = qa_examples(cfg.data, shots)
+    dev = qa_examples(cfg.dev_data, shots) if cfg.dev_data else []
+    pools = (ScoredPool.load(cfg.train_pool),
+             ScoredPool.load(cfg.dev_pool) if cfg.dev_pool else None)
+    if pools[1] is not None and not dev:
+        raise ValueError("dev_pool needs dev_data: the dev pool's questions")
+    passages = load_passages(cfg, retriever.model.tokenizer)
+    dev_recall = None
+    if cfg.select_on == "recall@1":
+        if cfg.towers != "query":
+            raise ValueError("select_on='recall@1' from an index needs towers='query' (a "
+                             "shared encoder would make the index's passage vectors stale)")
+        index = Index.load(cfg.corpus, expect_encoder=retriever.identity)
+        gold = resolve_gold(dev, passages if isinstance(passages, PassageStore)
+                            else PassageStore.from_passages(passages))
+        if any(e.gold_doc is None for e in gold):
+            raise ValueError("select_on='recall@1' needs a gold_doc on every dev example")
+
+        def dev_recall(params) -> float:
+            hits = index.search(retriever.encode_queries([e.query for e in gold], params), 1)
+            return float(np.mean([int(row[0]) in set(e.gold_doc)
+                                  for e, row in zip(gold, hits.ids)]))
+    return LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=None, passages=passages,
+                      train=train, dev=dev, progress=progress, pools=pools,
+                      dev_recall=dev_recall)

@@ -140,7 +140,9 @@ class LSRTrainer:
         self.store = (passages if isinstance(passages, PassageStore)
                       else PassageStore.from_passages(passages))
         self.by_id = self.store  # passages by id, read from the store when asked for
-        self.train, self.dev = resolve_gold(train, self.store), resolve_gold(dev, self.store)
+        # gold passages count in online recall; pools carry their own supervision
+        self.train, self.dev = ((list(train), list(dev)) if pools is not None else
+                                (resolve_gold(train, self.store), resolve_gold(dev, self.store)))
         # The leakage filter: passages an example must never retrieve (its own window).
         spanned = [e for e in self.train + self.dev if e.span is not None]
         self.exclusions = {e.id: ex for e, ex in zip(
@@ -228,7 +230,8 @@ class LSRTrainer:
         if path.exists():
             theirs = json.loads(path.read_text())
             if theirs.get("fingerprint") != mine["fingerprint"]:
-                diff = sorted(k for k, v in self.cfg.to_json().items()
+                mine_json = json.loads(json.dumps(self.cfg.to_json()))  # tuples as lists
+                diff = sorted(k for k, v in mine_json.items()
                               if theirs.get("config", {}).get(k) != v)
                 raise CheckpointMismatch(
                     f"{self.workdir} holds a run with a different config (differs in: "
@@ -442,8 +445,8 @@ class LSRTrainer:
                     self.prefetcher.wait(None)  # nothing runs past the last step
                 if writer is not None:
                     writer.close()
-        if stopped:
-            self._save(step + 1)
+        if stopped and (step + 1) % cfg.checkpoint_every and step + 1 != end:
+            self._save(step + 1)  # the hook has not saved this step
         done = step + 1 if stopped else end
         if self.pool is not None:
             if ended is None and (stopped or done == cfg.total_steps):

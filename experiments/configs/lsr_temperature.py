@@ -1,0 +1,50 @@
+"""The LSR temperature study (``experiments/lsr_temperature.py``, issue 66): the training
+temperatures as research variables, on pools already scored (no new LM pair).
+
+γ (the retriever's temperature in P_R, Eq. 3) ∈ {fitted: the base's τ fitted on the dev pool,
+the τ REPLUG infers at; 0.05; 0.1, the paper's; 1, the earlier studies'; learned: a trainable
+log-temperature started at the fitted τ} × β (Q's, Eq. 4) ∈ {1 on the summed log-probability,
+which makes Q the posterior p(d|x,y) under a uniform prior; fitted: Q nearest the base's P_R
+at the fitted τ} × {KL(P_R‖Q), the paper's Eq. 5; the marginal likelihood (no β)}; Q from
+the continuation's summed log-probabilities (the paper's P_LM(y|d,x)). Every variant is
+trained by the one trainer on ``confirm_recall``'s train pools (4,800 questions of 100 SQuAD
+train articles × the base's top-8, all in its carry folder) for a fixed budget, its dev curve
+read every ``eval_every`` steps: recall@1 over the whole datastore (46,737 passages) of
+``recall_dev`` questions of the 40 held-out dev articles, and REPLUG's log-likelihood of the
+gold answers within the dev pools (320 questions) at the τ fitted at that point.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class TemperatureStudyConfig:
+    study: str = "confirm_recall"  # the lsr_qa config whose train and dev pools are read
+    carry: str = "experiments/results/lsr_qa/confirm_recall_carry"  # its scored pairs
+    gammas: tuple = ("fitted", 0.05, 0.1, 1.0, "learned")
+    betas: tuple = (1.0, "fitted")
+    objectives: tuple = ("kl_retriever_to_lm", "marginal")
+    lm_score: str = "sum"
+    recall_dev: int = 4000  # dev questions whose recall@1 over the datastore is read
+    steps: int = 1000
+    eval_every: int = 100
+    batch_size: int = 16
+    learning_rate: float = 2e-5  # §5.2
+    # what keeps a run's step: dev recall@1 among the steps whose dev-pool log-likelihood
+    # (at the τ fitted then) is not below the base's (the guard of confirm_recall)
+    select_on: str = "recall@1"
+    bootstrap_resamples: int = 2000
+    workdir: str = "runs/lsr_qa"  # the lsr_qa work root (its index and pools are reused)
+    seed: int = 0
+    # lsr_qa overrides for the tiny CI variant ("key=value" strings)
+    study_overrides: tuple = ()
+
+
+CONFIGS = {
+    "default": TemperatureStudyConfig(),
+    # CI: the design on lsr_qa's tiny config (a few questions, two γ, a few steps)
+    "tiny": TemperatureStudyConfig(study="tiny", carry="", gammas=("fitted", "learned"),
+                                   betas=(1.0, "fitted"), recall_dev=6, steps=4,
+                                   eval_every=2, batch_size=2, bootstrap_resamples=200,
+                                   workdir="runs/lsr_qa_tiny"),
+}
