@@ -259,6 +259,12 @@ def main(argv=None):
     out_dir = pathlib.Path(args.out) / NAME
     out_dir.mkdir(parents=True, exist_ok=True)
     payload["plot"] = plot(rows, cfg, out_dir / f"{args.config}.png")
+    write_report(args, cfg, payload, rows, qa_cfg.k, len(pools["dev"]))
+
+
+def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: int) -> None:
+    """The results table, its notes and the JSON (:func:`write_results`)."""
+    ent, base, base_fit = payload["entropies"], payload["base"], payload["base"]["fitted"]
     table = [(r["variant"], f"{r['temperatures']['gamma_used']:.3g}"
               + (f" → {r['temperatures']['gamma_now']:.3g}" if "gamma_now" in
                  r["temperatures"] else ""),
@@ -268,21 +274,23 @@ def main(argv=None):
               f"{r['dev_recall@1']:.3f}", _fmt(r["dev_recall@1_vs_base"]),
               f"{r['dev_pool_loglik']:.3f}", _fmt(r["dev_pool_loglik_vs_base"]))
              for r in rows]
-    notes = (f"Dev numbers of `{cfg.study}`'s pools ({len(pools['train'])} train questions; "
-             f"dev recall@1 over the whole datastore of {len(task.study.store):,} passages on "
-             f"{len(recall_qs):,} questions of the held-out dev articles; dev-pool "
-             f"log-likelihood on its {len(pools['dev'])} dev-pool questions, τ fitted per "
+    q = payload["questions"]
+    notes = (f"Dev numbers of `{cfg.study}`'s pools ({q['train']} train questions; dev "
+             f"recall@1 over the whole datastore of {payload['datastore_passages']:,} "
+             f"passages on {q['dev_recall']:,} questions of the held-out dev articles; dev-pool "
+             f"log-likelihood on its {dev_pool} dev-pool questions, τ fitted per "
              f"retriever; 95 % intervals over {payload['interval_unit']['dev_recall']} and "
-             f"{payload['interval_unit']['dev_pool']}). Base: recall@1 {payload['base']['dev_recall@1']:.3f}, dev-pool "
-             f"log-likelihood {payload['base']['dev_pool_loglik']:.3f} at τ = "
+             f"{payload['interval_unit']['dev_pool']}). Base: recall@1 "
+             f"{base['dev_recall@1']:.3f}, dev-pool log-likelihood "
+             f"{base['dev_pool_loglik']:.3f} at τ = "
              f"{base['dev_tau']:g}; fitted on the dev pool: τ = {base_fit.get('tau')}, "
              f"β = {base_fit.get('beta')}. Each run's step is kept by {cfg.select_on} on "
              "these same dev questions (optimistic: for choosing what to register, not a "
              "result). Entropies (nats; uniform over k = "
-             f"{qa_cfg.k}: {ent['uniform']:.3f}) of P_R over the base's top-k on the train "
+             f"{k}: {ent['uniform']:.3f}) of P_R over the base's top-k on the train "
              "pools: " + ", ".join(f"γ={g}: {v:.3f}" for g, v in ent["retriever"].items())
              + "; of Q: " + ", ".join(f"{g}: {v:.3f}" for g, v in ent["lm"].items())
-             + f"; median top-1 − top-{qa_cfg.k} cosine gap "
+             + f"; median top-1 − top-{k} cosine gap "
              f"{ent['top1_topk_gap_median']:.3f}.")
     write_results(NAME, args.config, payload, table,
                   ("variant", "γ (used → learned)", "β", "kept step / run",
@@ -294,6 +302,8 @@ def main(argv=None):
                                "all-MiniLM-L6-v2 (cosine) under SmolLM2-135M, only the query "
                                "tower trained, pools of the base's top-8 re-ranked, "
                                f"{cfg.steps} steps. " + BASE_DATA))
+
+
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The golden run of the LSR trainer on a pre-scored pool (issue 65, item 1): the losses of
 the first steps, the dev curve and the parameters' total change, recorded on CPU float32 from
-the pool trainer (``train_on_pool``) before the two trainers were merged, so that the merged trainer is shown to
-train exactly as the one every published LSR result came from."""
+the pool trainer (``train_on_pool``) before the two trainers were merged, so that the merged
+trainer is shown to train exactly as the one every published LSR result came from."""
 
 import numpy as np
 import pytest
