@@ -40,7 +40,13 @@ from experiments.lsr_qa import QATask, pool_scores, retrieve
 from replug_jax.config import apply_overrides
 from replug_jax.eval.stats import paired_bootstrap
 from replug_jax.timing import Timer
-from replug_jax.train.pool import embed_pool, fit_tau, pool_logliks, top_k_in_pool
+from replug_jax.train.pool import (
+    embed_pool,
+    fit_tau,
+    masked_log_softmax,
+    pool_logliks,
+    top_k_in_pool,
+)
 
 NAME = "lsr_temperature"
 
@@ -48,12 +54,6 @@ NAME = "lsr_temperature"
 def entropy(log_p: np.ndarray, valid: np.ndarray) -> np.ndarray:
     p = np.where(valid, np.exp(log_p), 0.0)
     return -np.sum(np.where(valid, p * np.where(valid, log_p, 0.0), 0.0), axis=-1)
-
-
-def log_softmax(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    x = np.where(valid, x, -np.inf)
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.sum(np.exp(x - m), -1, keepdims=True))
 
 
 def measured_entropies(pool, k: int, gammas, betas) -> dict:
@@ -68,12 +68,13 @@ def measured_entropies(pool, k: int, gammas, betas) -> dict:
     out = {"uniform": float(np.log(k)), "top1_topk_gap_median": float(np.median(
         (s[:, 0] - s[:, k - 1])[full])), "retriever": {}, "lm": {}}
     for g in gammas:
-        out["retriever"][f"{g:g}"] = float(np.mean(entropy(log_softmax(s / g, valid), valid)))
+        out["retriever"][f"{g:g}"] = float(np.mean(
+            entropy(masked_log_softmax(s / g, valid), valid)))
     for reduction in ("sum", "mean"):
         lm = pick(pool.lm_scores(reduction).astype(np.float64))
         for b in betas:
             out["lm"][f"{reduction}/β={b:g}"] = float(np.mean(
-                entropy(log_softmax(lm / b, valid), valid)))
+                entropy(masked_log_softmax(lm / b, valid), valid)))
     return out
 
 

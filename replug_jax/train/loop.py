@@ -185,7 +185,6 @@ class LSRTrainer:
             self.lm = None
             return
         # one LM-score cache per process: each scores only its own rows of every batch
-        self.pid, self.pcount = jax.process_index(), jax.process_count()
         cache_name = "lm_scores" if self.pcount == 1 else f"lm_scores.p{self.pid}"
         if (self.workdir / f"{cache_name}.sqlite").exists():
             warnings.warn(f"{self.workdir / cache_name}.sqlite: an older release's LM-score "

@@ -205,6 +205,14 @@ def fit_tau(pool: ScoredPool, scores_EM: np.ndarray, k: int, grid) -> tuple[floa
     return float(grid[best]), means[best]
 
 
+def masked_log_softmax(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Log-softmax over the last axis of ``x`` with the invalid entries at -inf (numpy, for
+    the diagnostics read off a pool on the host)."""
+    x = np.where(valid, x, -np.inf)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.sum(np.exp(x - m), -1, keepdims=True))
+
+
 def fit_beta(pool: ScoredPool, scores_EM: np.ndarray, k: int, tau: float, grid,
              lm_score: str = "sum") -> float:
     """The β of ``grid`` at which Q (Eq. 4) over the retriever's top-``k`` of each pool is
@@ -216,12 +224,8 @@ def fit_beta(pool: ScoredPool, scores_EM: np.ndarray, k: int, tau: float, grid,
     valid = pick(c.doc_mask_NK)
     s, lm = pick(np.asarray(scores_EM, np.float64)), pick(pool.lm_scores(lm_score))
 
-    def log_softmax(x):
-        x = np.where(valid, x, -np.inf)
-        m = x.max(1, keepdims=True)
-        return x - m - np.log(np.sum(np.exp(x - m), 1, keepdims=True))
-
-    log_p = log_softmax(s / tau)
-    kls = [float(np.mean(np.sum(np.where(valid, np.exp(log_p) * (log_p - log_softmax(lm / b)),
-                                         0.0), 1))) for b in grid]
+    log_p = masked_log_softmax(s / tau, valid)
+    kls = [float(np.mean(np.sum(np.where(
+        valid, np.exp(log_p) * (log_p - masked_log_softmax(lm / b, valid)), 0.0), 1)))
+        for b in grid]
     return float(grid[int(np.argmin(kls))])
