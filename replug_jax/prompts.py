@@ -54,6 +54,16 @@ def qa_branch_input(question: str, tokenizer, chat_layout: str = "inside"
     return qa_prompt(question, tokenizer), None
 
 
+def answer_continuation(answer: str, layout: str) -> str:
+    """The gold answer as the LM writes it after the prompt of ``layout`` (a QA_LAYOUTS
+    name): after the plain ``Answer:`` the model writes ``" " + answer``; after a chat
+    template's assistant header it writes ``answer`` at once (the template renders no space,
+    and the model's own answers start without one), so scoring ``" " + answer`` there scores a
+    token sequence it never emits."""
+    answer = str(answer).strip()
+    return answer if layout.startswith("chat_") else " " + answer
+
+
 def demonstrations_text(demonstrations: Sequence[tuple[str, str]]) -> str:
     """The few-shot block that :func:`qa_prompt` puts before the question."""
     return "".join(PLAIN_QA.format(question=q) + f" {a}\n\n" for q, a in demonstrations)

@@ -118,14 +118,16 @@ class Replug:
     def settings(self, mode: str, k: int) -> dict:
         """What a result was computed with; ``k`` is the number of documents used (at most
         the index's passages: a larger request is kept as ``k_requested``, with a note)."""
-        used = {"k": k}
-        if self.index is not None and mode != "none" and k > len(self.index):
+        used = {"k": 1 if mode == "top1" else k}  # top1 answers from one passage
+        if self.index is not None and mode not in ("none", "top1") and k > len(self.index):
             used = {"k": len(self.index), "k_requested": k,
                     "note": f"k={k} asked, but the index holds {len(self.index)} passages: "
                             f"all {len(self.index)} were used"}
         return {"mode": mode, **used, "retrieval_temperature": self.retrieval_temperature,
                 "retrieval_temperature_source": self.retrieval_temperature_source,
                 "separator": self.separator, "lm": getattr(self.lm, "name", "?"),
+                "max_context": getattr(self.lm, "max_context", None),
+                "search": dict(self.search_options),  # nprobe / rerank of an approximate index
                 # an in-process LM's dtype, matmul precision, mesh and backend
                 "lm_placement": (self.lm.place.describe() if hasattr(self.lm, "place")
                                  else None),

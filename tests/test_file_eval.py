@@ -69,6 +69,26 @@ def test_a_file_is_read_with_its_kind_and_refused_in_one_line(tmp_path):
             read_eval_file(_write(tmp_path / "bad.jsonl", rows))
 
 
+def test_a_gold_answer_is_scored_as_the_lm_writes_it_after_its_prompt():
+    """After a chat template's assistant header the model writes the answer with no leading
+    space (the template renders none); after the plain `Answer:` it writes " answer". The
+    continuation eval scores must continue the prompt as the template renders the turn."""
+    from replug_jax.prompts import answer_continuation, qa_branch_input, qa_prompt
+    from tests._models import cached_tokenizer
+
+    tok = cached_tokenizer("smollm2")
+    question, answer = "Where does the Amber river flow?", "Lindholm"
+    turn = tok.apply_chat_template([{"role": "user", "content": question},
+                                    {"role": "assistant", "content": answer}], tokenize=False)
+    for layout in ("inside", "before"):
+        context, head = qa_branch_input(question, tok, layout)
+        scored = (head or "") + context + answer_continuation(answer, f"chat_{layout}")
+        assert turn.startswith(scored), (scored, turn)
+        assert tok(turn)["input_ids"][:len(tok(scored)["input_ids"])] == tok(scored)["input_ids"]
+    plain = qa_prompt(question, chat=False) + answer_continuation(f" {answer} ", "document_first")
+    assert plain == f"Question: {question}\nAnswer: {answer}"
+
+
 @pytest.mark.slow
 def test_qa_rows_equal_direct_scoring_differences_are_paired_and_a_rerun_resumes(tmp_path):
     data = read_eval_file(_write(tmp_path / "qa.jsonl", QA))
@@ -83,7 +103,7 @@ def test_qa_rows_equal_direct_scoring_differences_are_paired_and_a_rerun_resumes
     for row in QA:
         context, head = qa_branch_input(row["question"], pipe.lm.tokenizer, "inside")
         answer = row.get("answer") or row["answers"][0]
-        [s] = pipe.lm.score_continuations([head + context], [" " + answer])
+        [s] = pipe.lm.score_continuations([head + context], [answer])  # as the LM writes it
         direct.append(s.total)
     rows = report["rows"]
     assert rows["none"]["mean_answer_loglik"] == pytest.approx(np.mean(direct), rel=1e-5)
@@ -152,6 +172,32 @@ def test_text_rows_equal_the_language_modelling_evaluator(tmp_path):
                                             - report["rows"]["none"]["bits_per_byte"])
 
 
+def test_tau_records_of_two_query_encoders_sharing_an_index_are_both_kept(tmp_path):
+    """A query-tower-only retriever shares its base's index: fitting its τ must not delete
+    the base's (which would then run at τ = 1 in `eval --compare-retriever`); an index's
+    record in the single-record format of earlier versions still reads."""
+    from replug_jax.retrieval import fitted_tau
+
+    base = {"source": "minilm", "fingerprint": "base"}
+    trained = {**base, "query_source": "trained", "query_fingerprint": "trained-q"}
+    fitted_tau.write(tmp_path, 0.021, base, {"data": "dev.jsonl", "lm": "lm"})
+    fitted_tau.write(tmp_path, 0.034, trained, {"data": "dev.jsonl", "lm": "lm"})
+    assert fitted_tau.read(tmp_path, base)[0] == 0.021
+    assert fitted_tau.read(tmp_path, trained)[0] == 0.034
+    fitted_tau.write(tmp_path, 0.025, base, {"data": "dev2.jsonl", "lm": "lm"})  # a refit
+    assert fitted_tau.read(tmp_path, base) == (
+        0.025, "fitted on dev2.jsonl with lm (stored with the index, retrieval_temperature.json)")
+    assert fitted_tau.read(tmp_path, trained)[0] == 0.034
+    old = {"temperature": 0.05, "query_encoder": {"source": "minilm", "fingerprint": "base"},
+           "fit": {"data": "d", "lm": "l"}}
+    (tmp_path / fitted_tau.FILE).write_text(json.dumps(old))
+    assert fitted_tau.read(tmp_path, base)[0] == 0.05
+    with pytest.warns(UserWarning, match="τ = 0.05 for minilm"):
+        assert fitted_tau.read(tmp_path, trained) is None
+    fitted_tau.write(tmp_path, 0.034, trained, {})
+    assert fitted_tau.read(tmp_path, base)[0] == 0.05  # the old record survives a new fit
+
+
 @pytest.mark.slow
 def test_fit_tau_is_the_cache_fit_and_for_index_applies_it_to_its_encoder_only(tmp_path):
     from replug_jax.retrieval import fitted_tau
@@ -184,7 +230,7 @@ def test_fit_tau_is_the_cache_fit_and_for_index_applies_it_to_its_encoder_only(t
     # query encoder: the stored τ is not applied to it
     trained_query = {**retriever.identity, "query_source": "trained",
                      "query_fingerprint": "f00"}
-    with pytest.warns(UserWarning, match="fitted for another query encoder"):
+    with pytest.warns(UserWarning, match="no τ fitted for this query encoder"):
         assert fitted_tau.read(tmp_path / "idx", trained_query) is None
     (tmp_path / "idx" / fitted_tau.FILE).write_text("{not json")
     with pytest.raises(ValueError, match="not a readable τ record"):

@@ -180,7 +180,7 @@ CONFIGS = {
     # registered study's selection, read ≥ 4,000 dev questions. Its carry is
     # experiments/results/lsr_qa/tau_carry (confirm_recall's pairs and the new dev pairs);
     # only `--stage pools --pool-sets train,dev` is run with it: the variants are trained by
-    # `experiments.temperature_study`.
+    # `experiments.lsr_temperature`.
     "temperature": QAStudyConfig(
         max_train=4800, max_dev=4000, test_source="unused_train", test_skip_articles=120,
         test_articles=182, max_test=12000, max_test_lm=4800, test_pool_size=4,

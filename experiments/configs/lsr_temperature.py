@@ -42,6 +42,9 @@ class TemperatureStudyConfig:
 
 CONFIGS = {
     "default": TemperatureStudyConfig(),
+    # an accelerator: the same pools at confirm_recall's budget (3,000 steps), every dev
+    # question's recall@1 read every 100 steps
+    "gpu": TemperatureStudyConfig(steps=3000, batch_size=64, recall_dev=0),
     # CI: the design on lsr_qa's tiny config (a few questions, two γ, a few steps)
     "tiny": TemperatureStudyConfig(study="tiny", carry="", gammas=("fitted", "learned"),
                                    betas=(1.0, "fitted"), recall_dev=6, steps=4,

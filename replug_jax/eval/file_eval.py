@@ -28,6 +28,7 @@ from typing import Sequence
 from replug_jax.eval.datasets import EvalData
 from replug_jax.eval.perplexity import WindowSettings, sliding_windows
 from replug_jax.eval.qa import QAEvaluator
+from replug_jax.prompts import answer_continuation
 from replug_jax.eval.stats import bpb_difference, paired_bootstrap
 from replug_jax.retrieval.corpus import Document, leakage_exclusions
 
@@ -65,12 +66,15 @@ def system_key(data: EvalData, pipe, settings: EvalSettings, mode: str) -> str:
     retriever, index, k, τ) and how examples are prompted or windowed."""
     s = pipe.settings(mode, pipe.k)
     if mode == "none":  # the LM alone: no retriever, index, k or τ decides anything
-        s = {"mode": mode, "lm": s["lm"], "lm_placement": s["lm_placement"]}
+        s = {"mode": mode, "lm": s["lm"], "lm_placement": s["lm_placement"],
+             "max_context": s["max_context"]}
     # an in-process LM's weights (its name alone could hide new weights under an old name)
     weights = getattr(getattr(pipe.lm, "lm", None), "fingerprint", None)
     parts = {"data": data.checksum, "settings": s, "lm_weights": weights,
              "separator": pipe.separator,
              "seed": pipe.seed, "chat_layout": settings.chat_layout,
+             # gold answers scored as the LM writes them (no space after a chat header)
+             "answer_scoring": "as_written",
              "generate": settings.generate, "max_new_tokens": settings.max_new_tokens,
              "windows": dataclasses.asdict(settings.windows)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -288,7 +292,7 @@ def branch_cache(data: EvalData, pipe, settings: EvalSettings, progress: bool = 
                          layout=_qa_layout(pipe, settings.chat_layout))
         tokenizer = getattr(pipe.lm, "tokenizer", None)
         prompts = [ev.prompt(i, tokenizer) for i in range(len(data))]
-        items = [(p, c, it.question, " " + it.answers[0], None)
+        items = [(p, c, it.question, answer_continuation(it.answers[0], ev.layout), None)
                  for (p, c), it in zip(prompts, data.items)]
     else:
         windows, _ = _windows(data, pipe, settings)

@@ -13,6 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
+from replug_jax.prompts import answer_continuation
+
 _PUNCT = set(string.punctuation)
 
 
@@ -139,7 +141,8 @@ class QAEvaluator:
         recs = [{"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
                 for _ in idx]
         if self.likelihood:
-            scored = pipe.score(texts, [" " + a[0] for a in answers], questions, mode=mode,
+            gold = [answer_continuation(a[0], self.layout) for a in answers]
+            scored = pipe.score(texts, gold, questions, mode=mode,
                                 reliance=False, **shared)
             for rec, i, s in zip(recs, idx, scored):
                 rec.update(loglik=s.loglik, cost=_share(s.cost, len(idx)))

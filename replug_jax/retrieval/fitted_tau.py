@@ -23,40 +23,60 @@ def query_fingerprint(identity: dict) -> str:
     return identity.get("query_fingerprint", identity["fingerprint"])
 
 
+def _records(path: pathlib.Path) -> dict[str, dict]:
+    """Every τ record of the file by query-encoder fingerprint. One index can serve several
+    query encoders (a query-tower-only retriever shares its base's passages), so each keeps
+    its own τ; a file of the single-record format of earlier versions reads as one entry."""
+    if not path.is_file():
+        return {}
+    try:
+        stored = json.loads(path.read_text())
+        records = stored["fits"] if "fits" in stored else {
+            stored["query_encoder"]["fingerprint"]: stored}
+        for record in records.values():
+            float(record["temperature"]), record["query_encoder"]["fingerprint"]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path}: not a readable τ record ({err}); delete it or fit again "
+                         "with `replug fit-tau`") from err
+    return records
+
+
 def write(index_dir: str | pathlib.Path, temperature: float, retriever_identity: dict,
           evidence: dict) -> pathlib.Path:
-    """Store τ with the index; ``evidence`` says what it was fitted on (the file, the LM, the
+    """Store τ with the index for this query encoder (the records of other query encoders
+    are kept); ``evidence`` says what it was fitted on (the file, the LM, the
     log-likelihoods at τ = 1 and at the fit)."""
     from replug_jax.fileio import write_json_atomic
 
     if not temperature > 0:
         raise ValueError(f"the retrieval temperature must be > 0, got {temperature}")
     path = pathlib.Path(index_dir) / FILE
-    write_json_atomic({"temperature": float(temperature),
-                       "query_encoder": {"source": retriever_identity.get(
-                           "query_source", retriever_identity["source"]),
-                           "fingerprint": query_fingerprint(retriever_identity)},
-                       "fit": evidence}, path)
+    records = _records(path)
+    fingerprint = query_fingerprint(retriever_identity)
+    records[fingerprint] = {
+        "temperature": float(temperature),
+        "query_encoder": {"source": retriever_identity.get("query_source",
+                                                           retriever_identity["source"]),
+                          "fingerprint": fingerprint},
+        "fit": evidence}
+    write_json_atomic({"fits": records}, path)
     return path
 
 
 def read(index_dir: str | pathlib.Path, retriever_identity: dict) -> tuple[float, str] | None:
     """``(τ, where it came from)`` stored with the index for this query encoder, or None (no
-    fit stored, or one for another query encoder: a note says it is not used)."""
+    fit stored, or only fits for other query encoders: a note says they are not used)."""
     path = pathlib.Path(index_dir) / FILE
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-        tau = float(record["temperature"])
-        fitted_for = record["query_encoder"]["fingerprint"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a readable τ record ({err}); delete it or fit again "
-                         "with `replug fit-tau`") from err
-    if fitted_for != query_fingerprint(retriever_identity):
-        warnings.warn(f"{path}: τ = {tau:g} was fitted for another query encoder "
-                      f"({record['query_encoder'].get('source')}): not used", stacklevel=2)
+    records = _records(path)
+    record = records.get(query_fingerprint(retriever_identity))
+    if record is None:
+        if records:
+            others = ", ".join(f"τ = {r['temperature']:g} for "
+                               f"{r['query_encoder'].get('source')}" for r in records.values())
+            warnings.warn(f"{path}: no τ fitted for this query encoder ({others}: not used)",
+                          stacklevel=2)
         return None
     fit = record.get("fit", {})
-    return tau, (f"fitted on {fit.get('data', '?')} with {fit.get('lm', '?')} "
-                 f"(stored with the index, {FILE})")
+    return float(record["temperature"]), (
+        f"fitted on {fit.get('data', '?')} with {fit.get('lm', '?')} "
+        f"(stored with the index, {FILE})")

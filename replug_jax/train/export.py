@@ -16,12 +16,14 @@ import json
 import pathlib
 
 import jax
+import jax.numpy as jnp
 
 from replug_jax.models import export_retriever, load_retriever
 from replug_jax.models.params import split_params, to_module
 from replug_jax.train.checkpoint import Checkpoints
 from replug_jax.train.config import LSRConfig
-from replug_jax.train.lsr import init_state
+from replug_jax.train.lsr import build_tx, encoder_params, init_state
+from replug_jax.train.selection import Curve
 
 
 def saved_config(workdir: str | pathlib.Path) -> LSRConfig:
@@ -41,50 +43,80 @@ def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
                step: int | None = None, *, dtype: str = "float16",
                comparison: str | pathlib.Path | None = None,
                metric: str | None = None) -> tuple[pathlib.Path, int, dict | None]:
-    """The newest checkpoint of ``workdir`` (or the one of ``step``) as a retriever folder in
-    ``dtype``; with ``comparison`` (``replug eval``'s ``results.json`` of this very folder
+    """The retriever of ``workdir`` as a folder in ``dtype``: the step its dev selection
+    kept (a run with ``select_on``), else the newest checkpoint, or the checkpoint of
+    ``step``; with ``comparison`` (``replug eval``'s ``results.json`` of this very folder
     against its base) the card states the result and whether it passes the release rule.
+    A run that trained the query tower alone (``towers="query"``) is written as two towers.
     Returns ``(path, step, comparison or None)``."""
     workdir = pathlib.Path(workdir)
     cfg = saved_config(workdir)
+    check_export_target(out_dir, workdir)
     model = load_retriever(cfg.retriever)
     graphdef, template, params = split_params(model.encoder)
-    like = init_state(params, cfg.optim_config.build(cfg.total_steps))
-    step, state, _ = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints).restore(
-        like, step)
-    if state is None:
-        raise ValueError(f"{workdir}: no checkpoint to export")
-    encoder = to_module(graphdef, template, jax.device_get(state.params))
+    objective = cfg.objective_config
+    like = ({"encoder": params, "log_gamma": jnp.zeros((), jnp.float32)}
+            if objective.learns_gamma else params)
+    if step is None and (workdir / "best.json").exists():
+        entry, kept = Curve(workdir, None).best(like)
+        step, trained = int(entry["step"]), encoder_params(kept)
+    else:
+        state_like = init_state(like, build_tx(cfg.optim_config, objective, cfg.total_steps))
+        step, state, _ = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints).restore(
+            state_like, step)
+        if state is None:
+            raise ValueError(f"{workdir}: no checkpoint to export")
+        trained = encoder_params(jax.device_get(state.params))
+    encoder = to_module(graphdef, template, trained)
     return write_retriever(model, encoder, out_dir, cfg, step, workdir, dtype=dtype,
                            comparison=comparison, metric=metric)
+
+
+def check_export_target(out_dir: str | pathlib.Path, workdir: str | pathlib.Path) -> None:
+    """Refuse, before any work, an ``out_dir`` whose replacement would lose work: the work
+    directory itself or a folder holding it, a file, or an existing folder that is not a
+    retriever exported by replug-jax (no ``replug.json``)."""
+    out, work = pathlib.Path(out_dir).resolve(), pathlib.Path(workdir).resolve()
+    if out == work or out in work.parents:
+        raise ValueError(f"--out {out_dir} is, or holds, the work directory {workdir}: "
+                         "exporting there would delete the run; name another folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out_dir} is a file; name a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "replug.json").is_file():
+        raise ValueError(f"--out {out_dir} is a folder that is not a retriever exported by "
+                         "replug-jax (no replug.json): it would be replaced; name a new or "
+                         "an exported folder")
 
 
 def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
                     workdir: str | pathlib.Path, *, dtype: str = "float16",
                     comparison: str | pathlib.Path | None = None, metric: str | None = None):
-    """``model`` with the trained ``encoder`` in HF layout (weights in ``dtype``), its
-    ``README.md`` card and ``replug.json``; returns ``(path, step, comparison)``. The folder
-    is staged and checked before it replaces ``out_dir``: a comparison of other weights is
-    refused and nothing is lost."""
+    """``model`` with the trained ``encoder`` in HF layout (weights in ``dtype``; two towers
+    when only the query tower was trained), its ``README.md`` card and ``replug.json``;
+    returns ``(path, step, comparison)``. The folder is staged and checked before it
+    replaces ``out_dir``: a comparison of other weights is refused and nothing is lost. A τ
+    that ``replug fit-tau --store retriever`` recorded in ``out_dir`` for the same weights
+    is kept (a re-export with a comparison keeps its fit)."""
     from replug_jax.fileio import replace_dir, write_text_atomic
     from replug_jax.models.weights import fingerprint, resolve, weight_files
     from replug_jax.train.release import comparison_from_eval
 
+    check_export_target(out_dir, workdir)
     workdir = pathlib.Path(workdir)
     out = pathlib.Path(out_dir)
     dev_path = workdir / "dev_metrics.json"
     dev = json.loads(dev_path.read_text()) if dev_path.exists() else None
     staged = out.with_name(out.name + ".staged")
-    # one encoder for both: other libraries cut every input as passages are cut (the
-    # queries' own limit, kept from the end, is in replug.json and applies in Retriever.load)
-    export_retriever(dataclasses.replace(model, encoder=encoder), staged,
-                     {"replug.json": json.dumps(retriever_settings(cfg), indent=2) + "\n"},
-                     dtype=dtype, max_length=cfg.doc_max_length, truncation_side="right")
+    trained = dataclasses.replace(model, encoder=encoder)
+    _stage(trained, model if cfg.towers == "query" else None, staged,
+           retriever_settings(cfg), dtype)
     try:
-        tested = None if comparison is None else comparison_from_eval(
-            comparison, fingerprint(weight_files(resolve(staged))), metric)
+        weights = fingerprint(weight_files(resolve(staged)))
+        tested = None if comparison is None else comparison_from_eval(comparison, weights,
+                                                                      metric)
         write_text_atomic(model_card(cfg, step, dev, workdir, staged, dtype, tested,
                                      model.pooling), staged / "README.md")
+        _keep_temperature(out, staged, weights)
     except BaseException:
         import shutil
 
@@ -92,6 +124,60 @@ def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
         raise
     replace_dir(staged, out)
     return out, step, tested
+
+
+def _stage(trained, base, folder: pathlib.Path, settings: dict, dtype: str,
+           files: dict | None = None) -> None:
+    """Write ``trained`` into ``folder`` (replaced): one encoder for queries and passages,
+    or with ``base`` two towers (``trained`` the query tower at the top, ``base`` in
+    ``passage_encoder/``, named in ``replug.json``). Each tower cuts inputs as it was
+    trained to: queries to their last ``query_max_length`` tokens, passages to their first
+    ``doc_max_length``; with one encoder, other libraries cut every input as passages are
+    cut (the queries' own limit is in ``replug.json`` and applies in ``Retriever.load``)."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    if base is None:
+        export_retriever(trained, folder, {**(files or {}), "replug.json": json.dumps(
+            settings, indent=2) + "\n"}, dtype=dtype, max_length=settings.get(
+            "doc_max_length"), truncation_side="right")
+        return
+    settings = {**settings, "passage_encoder": "passage_encoder"}
+    if settings.get("similarity") == "cosine":  # other libraries then embed as REPLUG does
+        trained = dataclasses.replace(trained, normalize=True)
+        base = dataclasses.replace(base, normalize=True)
+    export_retriever(trained, folder, {**(files or {}),
+                                       "replug.json": json.dumps(settings, indent=2) + "\n"},
+                     dtype=dtype, max_length=settings.get("query_max_length"),
+                     truncation_side=settings.get("query_truncation", "left"))
+    export_retriever(base, folder / "passage_encoder", dtype=dtype,
+                     max_length=settings.get("doc_max_length"), truncation_side="right")
+
+
+def _keep_temperature(out: pathlib.Path, staged: pathlib.Path, weights: str) -> None:
+    """Carry ``out``'s recorded τ (``replug.json`` and the card's section) into ``staged``
+    when both hold the same weights; else say that a τ fitted for other weights is dropped."""
+    from replug_jax.models.weights import fingerprint, resolve, weight_files
+
+    old_path = out / "replug.json"
+    if not old_path.is_file():
+        return
+    old = json.loads(old_path.read_text())
+    if "temperature" not in old:
+        return
+    if fingerprint(weight_files(resolve(out))) != weights:
+        import warnings
+
+        warnings.warn(f"{out}: τ = {old['temperature']:g} was fitted for the weights this "
+                      "export replaces: not kept; run `replug fit-tau --store retriever` "
+                      "again", stacklevel=3)
+        return
+    card = ""
+    for name in ("README.md", "MODEL_CARD.md"):
+        if (out / name).is_file() and TEMPERATURE_SECTION in (out / name).read_text():
+            card = (out / name).read_text().partition(TEMPERATURE_SECTION)[2]
+            card = card[:card.find("\n## ")] if "\n## " in card else card
+    record_temperature(staged, old["temperature"], old.get("temperature_fit", {}), card)
 
 
 def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dict, card: str,
@@ -104,25 +190,11 @@ def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dic
     ``passages`` are :class:`~replug_jax.models.RetrieverModel` s; with cosine similarity
     both declare their normalisation, so every library's embeddings are unit vectors as
     REPLUG's are. Written atomically."""
-    import shutil
-
     from replug_jax.fileio import replace_dir
 
     out = pathlib.Path(out_dir)
     tmp = out.with_name(out.name + ".two-towers")
-    shutil.rmtree(tmp, ignore_errors=True)
-    settings = {**settings, "passage_encoder": "passage_encoder"}
-    if settings.get("similarity") == "cosine":  # other libraries then embed as REPLUG does
-        query = dataclasses.replace(query, normalize=True)
-        passages = dataclasses.replace(passages, normalize=True)
-    # each tower cuts its inputs as it was trained to: queries to their last
-    # query_max_length tokens, passages to their first doc_max_length
-    export_retriever(query, tmp, {"MODEL_CARD.md": card,
-                                  "replug.json": json.dumps(settings, indent=2) + "\n"},
-                     dtype=dtype, max_length=settings.get("query_max_length"),
-                     truncation_side=settings.get("query_truncation", "left"))
-    export_retriever(passages, tmp / "passage_encoder", dtype=dtype,
-                     max_length=settings.get("doc_max_length"), truncation_side="right")
+    _stage(query, passages, tmp, settings, dtype, {"MODEL_CARD.md": card})
     replace_dir(tmp, out)
     return out
 
@@ -134,6 +206,8 @@ def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pat
     must be used with, the weights' SHA-256, and how to load it."""
     from replug_jax.train.release import verdict, weight_digests
 
+    temps_path = pathlib.Path(workdir) / "temperatures.json"
+    temps = json.loads(temps_path.read_text()) if temps_path.is_file() else None
     lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
              "tags: [replug, retrieval, sentence-transformers, feature-extraction]",
              *([f"base_model: {cfg.retriever}"] if "/" in cfg.retriever
@@ -153,13 +227,23 @@ def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pat
               f"- steps: {step} of {cfg.total_steps}; batch {cfg.batch_size}; k={cfg.k}; "
               f"γ={cfg.gamma}, β={cfg.beta}; {cfg.direction}; LM score {cfg.lm_score}; "
               f"objective {cfg.objective}; {cfg.optimizer} lr {cfg.learning_rate}",
+              *([f"- temperatures as trained: `{json.dumps(temps)}`"] if temps else []),
+              "- towers: " + ("the query tower alone (passages keep the base encoder: "
+                              "passage_encoder/)" if cfg.towers == "query" else "one encoder")
+              + (f"; supervision: pre-scored pools `{cfg.train_pool}`"
+                 if cfg.supervision == "pool" else ""),
               f"- index refresh every {cfg.refresh_every} steps ({cfg.refresh_mode})",
               f"- trained in `{workdir}`", "",
               "## Lengths and truncation", "",
               f"Queries keep their last {cfg.query_max_length} tokens; passages their first "
               f"{cfg.doc_max_length} (with [CLS] and [SEP]). `Retriever.load` applies both "
-              "(from `replug.json`); sentence-transformers and the tokenizer here cut every "
-              f"input to its first {cfg.doc_max_length} tokens, as passages are cut.", "",
+              "(from `replug.json`); " + (
+                  "sentence-transformers and the tokenizer of this folder (the query tower) "
+                  f"keep a query's last {cfg.query_max_length} tokens, those of "
+                  f"`passage_encoder/` a passage's first {cfg.doc_max_length}."
+                  if cfg.towers == "query" else
+                  "sentence-transformers and the tokenizer here cut every input to its first "
+                  f"{cfg.doc_max_length} tokens, as passages are cut."), "",
               f"## Weights ({dtype})", "",
               *(f"- `{name}`: SHA-256 `{digest}`"
                 for name, digest in weight_digests(folder).items()), "",

@@ -447,6 +447,8 @@ class LSRTrainer:
         if stopped and (step + 1) % cfg.checkpoint_every and step + 1 != end:
             self._save(step + 1)  # the hook has not saved this step
         done = step + 1 if stopped else end
+        if self.pid == 0:  # what the export card states
+            write_json_atomic(self.temperatures, self.workdir / "temperatures.json")
         if self.pool is not None:
             if ended is None and (stopped or done == cfg.total_steps):
                 self.curve.finish(done, stopped)

@@ -1,0 +1,89 @@
+"""`replug export-retriever` (replug_jax/train/export.py): a run that trained the query tower
+alone is released as two towers at the step its dev selection kept; an `--out` whose
+replacement would lose work is refused before anything is written; a re-export of the same
+weights keeps the τ that `fit-tau --store retriever` recorded, and drops it for new weights."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests._models import save_tiny_bert, tiny_lm
+from tests._pools import FACTS, pool_trainer
+
+pytestmark = pytest.mark.models
+
+
+@pytest.fixture
+def query_run(tmp_path):
+    """A finished pool run (query tower alone, the step kept by the dev-pool
+    log-likelihood) whose config names a retriever folder export can load."""
+    from replug_jax.retrieval.encoder import Retriever
+
+    folder = save_tiny_bert(tmp_path / "bert")
+    base = Retriever.load(str(folder), max_length=32)
+    trainer = pool_trainer((tiny_lm(0), base), tmp_path, towers="query",
+                           retriever=str(folder), select_on="pool_loglik", patience=0,
+                           query_max_length=16, doc_max_length=32, learning_rate=3e-3)
+    result = trainer.run()
+    return trainer, result, base
+
+
+def test_a_query_tower_run_is_exported_as_two_towers_at_its_selected_step(query_run, tmp_path):
+    from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.train.export import export_run
+
+    trainer, result, base = query_run
+    out, step, _ = export_run(tmp_path / "run", tmp_path / "release", dtype="float32")
+    assert step == result["best_step"]
+    settings = json.loads((out / "replug.json").read_text())
+    assert settings["passage_encoder"] == "passage_encoder"
+    assert (settings["query_max_length"], settings["doc_max_length"]) == (16, 32)
+    loaded = Retriever.load(str(out))
+    _, kept = trainer.best_params()
+    questions = ["The capital of Germany is", "The capital of Spain is"]
+    np.testing.assert_allclose(loaded.encode_queries(questions),
+                               base.encode_queries(questions, params=kept), atol=1e-5)
+    # passages keep the base encoder: a datastore embedded by the base still serves it
+    np.testing.assert_allclose(loaded.encode(FACTS), base.encode(FACTS), atol=1e-5)
+    assert not np.allclose(loaded.encode_queries(questions), base.encode_queries(questions),
+                           atol=1e-4)  # the query tower did move
+    card = (out / "README.md").read_text()
+    assert "the query tower alone" in card and '"gamma_used"' in card
+    assert f"steps: {step} of 4" in card
+
+
+def test_an_out_folder_whose_replacement_would_lose_work_is_refused(query_run, tmp_path):
+    from replug_jax.train.export import export_run
+
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "thesis.tex").write_text("months of work")
+    for out, message in ((tmp_path / "run", "is, or holds, the work directory"),
+                         (tmp_path, "is, or holds, the work directory"),
+                         (other, "not a retriever exported by replug-jax"),
+                         (other / "thesis.tex", "is a file")):
+        with pytest.raises(ValueError, match=message):
+            export_run(tmp_path / "run", out)
+    assert (other / "thesis.tex").read_text() == "months of work"
+    assert (tmp_path / "run" / "config.json").is_file()
+    out, _, _ = export_run(tmp_path / "run", tmp_path / "release")
+    assert export_run(tmp_path / "run", out)[0] == out  # an export may be replaced
+
+
+def test_a_re_export_keeps_the_tau_fitted_for_its_weights(query_run, tmp_path):
+    from replug_jax.train.export import TEMPERATURE_SECTION, export_run, record_temperature
+
+    trainer, result, _ = query_run
+    out, step, _ = export_run(tmp_path / "run", tmp_path / "release")
+    record_temperature(out, 0.031, {"data": "dev.jsonl"}, "τ = 0.031 fitted on dev.jsonl")
+    export_run(tmp_path / "run", out)  # the documented last step: export again
+    settings = json.loads((out / "replug.json").read_text())
+    assert settings["temperature"] == 0.031 and settings["temperature_fit"]["data"] == "dev.jsonl"
+    card = (out / "README.md").read_text()
+    assert card.count(TEMPERATURE_SECTION) == 1 and "τ = 0.031 fitted on dev.jsonl" in card
+    other = next(s for s in range(1, 5) if s != step and
+                 (tmp_path / "run" / "checkpoints" / str(s)).exists())
+    with pytest.warns(UserWarning, match="fitted for the weights this export replaces"):
+        export_run(tmp_path / "run", out, step=other)
+    assert "temperature" not in json.loads((out / "replug.json").read_text())
