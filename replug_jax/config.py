@@ -87,6 +87,37 @@ def coerce(field: dataclasses.Field, text: str):
     return value
 
 
+def typed(field: dataclasses.Field, value):
+    """A JSON or Python ``value`` checked against the field's type (a :class:`ConfigError`
+    naming the key otherwise): ``{"k": "4"}``, ``{"k": 4.5}`` or ``{"gamma": null}`` are
+    refused when the config is read, not after the models load."""
+    kind, optional = _kind(field), "None" in str(field.type)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{field.name} cannot be null")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "int" and number and float(value).is_integer():
+        return int(value)
+    if kind == "float" and number:
+        return float(value)
+    if kind == "number_or_name" and (number or isinstance(value, str)):
+        return float(value) if number else value
+    if kind == "str" and isinstance(value, str) or kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "":  # a type this check does not know: the dataclass's own checks decide
+        return value
+    if kind == "tuple" and isinstance(value, (list, tuple)):
+        return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    if kind == "tuple" and not isinstance(value, dict):  # one item, as `--set` takes it
+        return (value,)
+    expects = {"int": "an integer", "float": "a number", "str": "a string",
+               "bool": "true or false", "number_or_name": "a number or a name",
+               "tuple": "a list"}[kind]
+    raise ConfigError(f"{field.name} expects {expects}"
+                      + (" or null" if optional else "") + f", got {value!r}")
+
+
 def flat_key(cls, key: str) -> str:
     """The field a key names: itself, or for ``piece.name`` the field ``cls.PIECES[piece]``
     maps ``name`` to (a :class:`ConfigError` naming the nearest known keys otherwise)."""
@@ -207,7 +238,9 @@ def select(configs: dict, variant: str, overrides: typing.Iterable[str] = (), *,
         if cls is None:
             raise ConfigError(f"{where}{variant}: a dict variant needs a config class")
         try:
-            values = flatten(cls, cfg)
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            values = {key: typed(fields[key], value)
+                      for key, value in flatten(cls, cfg).items()}
         except ConfigError as err:
             raise ConfigError(f"{where}{variant}: {err}") from None
         try:

@@ -1,6 +1,7 @@
 """The `replug` command end to end: --help everywhere, index build/search, score, --json."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -297,3 +298,54 @@ def test_malformed_score_inputs_are_one_line(content, match, tmp_path, capsys):
     path.write_text(content)
     _one_line_error(capsys, ["score", "--input", str(path), "--mode", "none"], match)
 
+
+
+@pytest.mark.parametrize("case", ["confidence_1", "same_labels", "output_is_file", "no_index",
+                                  "bounds_reversed", "store_retriever_without_export"])
+def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_path, capsys,
+                                                                   monkeypatch):
+    """Each refusal comes in one line before any model is loaded or anything is scored."""
+    from replug_jax.cli import main
+
+    def no_lm(args):
+        raise AssertionError("the LM was loaded before the arguments were checked")
+
+    monkeypatch.setattr("replug_jax.cli.infer.make_lm", no_lm)
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"question": "Who?", "answer": "Me"}) + "\n")
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    out, idx = str(tmp_path / "out"), str(tmp_path / "idx")
+    argv, match = {
+        "confidence_1": (["eval", str(qa), "--output", out, "--confidence", "1"], "in \\(0, 1\\)"),
+        "same_labels": (["eval", str(qa), "--output", out, "--index", idx,
+                         "--compare-retriever", "minilm", "--compare-label", "base"],
+                        "equals --label"),
+        "output_is_file": (["eval", str(qa), "--output", str(tmp_path / "a_file")], "is a file"),
+        "no_index": (["eval", str(qa), "--output", out, "--modes", "none,replug"],
+                     "needs --index"),
+        "bounds_reversed": (["fit-tau", str(qa), "--index", idx, "--bounds", "5", "1"],
+                            "LOW < HIGH"),
+        "store_retriever_without_export": (["fit-tau", str(qa), "--index", idx, "--store",
+                                            "retriever"], "needs --retriever")}[case]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err) and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.models
+def test_eval_of_the_lm_alone_needs_no_index(tmp_path, capsys):
+    """`--modes none` (a documented mode: the LM without retrieval) runs without --index."""
+    from replug_jax.cli import main
+    from tests._models import packaged_or_skip
+
+    packaged_or_skip("smollm2")
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"question": "What is the capital of France?",
+                              "answer": "Paris"}) + "\n")
+    assert main(["eval", str(qa), "--output", str(tmp_path / "out"), "--modes", "none",
+                 "--no-generate", "--json"]) == 0
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert list(report["rows"]) == ["none"]
+    assert report["rows"]["none"]["mean_answer_loglik"] < 0

@@ -1,6 +1,8 @@
 """Config files and --set overrides (replug_jax/config.py): a typo is one line naming the
 nearest field."""
 
+import re
+
 import pytest
 
 
@@ -111,3 +113,28 @@ def test_dotted_keys_set_a_pieces_field_and_old_flat_configs_hash_as_before(tmp_
                                          "objective.beta=0.5", "selection.metric=pool_loglik"])
     assert (pool.supervision, pool.gamma, pool.beta, pool.select_on) == \
         ("pool", "fitted", 0.5, "pool_loglik")
+
+
+def test_a_json_value_of_the_wrong_type_is_refused_when_the_config_is_read(tmp_path):
+    """Issue 67: `{"k": "4"}`, `{"lm_mesh": 8}`, `{"k": 4.5}`, `{"gamma": null}` named with
+    their key at load time (not a traceback after the models load); right types still load."""
+    import json
+
+    from replug_jax.config import ConfigError, load
+    from replug_jax.train.config import LSRConfig
+
+    path = tmp_path / "c.json"
+    for body, message in (({"k": "4"}, "k expects an integer, got '4'"),
+                          ({"lm_mesh": 8}, "lm_mesh expects a string, got 8"),
+                          ({"k": 4.5}, "k expects an integer, got 4.5"),
+                          ({"gamma": None}, "gamma cannot be null"),
+                          ({"remat": "yes"}, "remat expects true or false or null"),
+                          ({"objective": {"gamma": [1]}}, "gamma expects a number or a name")):
+        path.write_text(json.dumps(body))
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load(str(path), cls=LSRConfig)
+    path.write_text(json.dumps({"k": 4.0, "gamma": 1, "objective": {"beta": 0.5},
+                                "remat": None}))
+    cfg, _ = load(str(path), cls=LSRConfig)
+    assert (cfg.k, cfg.gamma, cfg.beta, cfg.remat) == (4, 1.0, 0.5, None)
+    assert isinstance(cfg.k, int) and isinstance(cfg.gamma, float)

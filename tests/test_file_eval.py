@@ -39,6 +39,13 @@ QA = [{"id": "a", "question": "Where does the Amber river flow?", "answer": "Lin
        "gold_doc": "doc-Dove", "group": "g3"}]
 
 
+class _Data:  # what system_key reads of a file
+    checksum = "c0ffee"
+
+
+_DATA = _Data()
+
+
 def _write(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -170,6 +177,27 @@ def test_text_rows_equal_the_language_modelling_evaluator(tmp_path):
     assert c["metric"] == "bits_per_byte" and c["clusters"] == 2
     assert c["difference"] == pytest.approx(report["rows"]["replug"]["bits_per_byte"]
                                             - report["rows"]["none"]["bits_per_byte"])
+
+
+def test_the_records_key_names_every_setting_that_changes_a_number():
+    """A rerun after changing --max-context, or an approximate index's nprobe or rerank,
+    must not read the old records back; `top1` answers from one passage, so its k is 1."""
+    from replug_jax.eval.file_eval import system_key
+
+    retriever = tiny_retriever(0)
+    index = index_in_memory(PASSAGES, retriever)
+
+    def key(lm_context=256, **search):
+        pipe = Replug(tiny_lm(0, max_context=lm_context), retriever, index, k=2, **search)
+        return system_key(_DATA, pipe, EvalSettings(), "replug")
+
+    assert key() == key()
+    assert key() != key(lm_context=128)
+    assert key() != key(nprobe=4) != key(rerank=8)
+    pipe = Replug(tiny_lm(0), retriever, index, k=5)
+    assert pipe.settings("top1", 5)["k"] == 1 and pipe.settings("replug", 5)["k"] == 5
+    assert system_key(_DATA, pipe, EvalSettings(), "top1") == system_key(
+        _DATA, Replug(tiny_lm(0), retriever, index, k=1), EvalSettings(), "top1")
 
 
 def test_tau_records_of_two_query_encoders_sharing_an_index_are_both_kept(tmp_path):

@@ -39,6 +39,7 @@ non_negative_int = _number(int, lambda v: v >= 0, ">= 0")
 positive_float = _number(float, lambda v: v > 0, "positive")
 non_negative_float = _number(float, lambda v: v >= 0, ">= 0")
 unit_interval = _number(float, lambda v: 0 < v <= 1, "in (0, 1]")
+open_unit_interval = _number(float, lambda v: 0 < v < 1, "in (0, 1)")  # a coverage
 port_number = _number(int, lambda v: 0 < v < 65536, "in 1..65535")
 
 

@@ -12,7 +12,7 @@ from replug_jax.cli.common import (
     non_negative_int,
     positive_float,
     positive_int,
-    unit_interval,
+    open_unit_interval,
 )
 from replug_jax.cli.infer import add_pipeline_args, make_lm, make_pipeline
 
@@ -48,9 +48,16 @@ def cmd_eval(args) -> int:
     from replug_jax.eval.datasets import read_eval_file
     from replug_jax.eval.file_eval import evaluate_file
 
-    data = read_eval_file(args.file, limit=args.limit)
     if args.compare_retriever is None and args.compare_index is not None:
         raise ValueError("--compare-index names the index of --compare-retriever: give both")
+    if args.compare_retriever is not None and args.compare_label == args.label:
+        raise ValueError(f"--compare-label {args.compare_label!r} equals --label: the two "
+                         "systems' rows would share one name; give them different labels")
+    if args.compare_retriever is not None and args.modes == ("none",):
+        raise ValueError("--compare-retriever compares retrieving modes; --modes none has none")
+    if args.output.exists() and not args.output.is_dir():
+        raise ValueError(f"--output {args.output} is a file; name a folder")
+    data = read_eval_file(args.file, limit=args.limit)
     retrieve = any(m != "none" for m in args.modes)
     first = make_pipeline(args, retrieve=retrieve)
     systems = {args.label: first}
@@ -72,6 +79,13 @@ def cmd_fit_tau(args) -> int:
 
     if args.index is None:
         raise ValueError("fit-tau needs --index: τ is fitted for a retriever and its index")
+    low, high = args.bounds
+    if not low < high:
+        raise ValueError(f"--bounds LOW HIGH needs LOW < HIGH, got {low:g} {high:g}")
+    if args.store == "retriever" and not (pathlib.Path(args.retriever or "")
+                                          / "replug.json").is_file():
+        raise ValueError("--store retriever needs --retriever to name a folder exported by "
+                         "replug-jax (with replug.json); use --store index otherwise")
     data = read_eval_file(args.file, limit=args.limit)
     pipe = make_pipeline(args, lm=make_lm(args), retrieve=True)
     fit = fit_temperature_on_file(data, pipe, _settings(args), tuple(args.bounds),
@@ -85,10 +99,7 @@ def cmd_fit_tau(args) -> int:
     elif args.store == "retriever":
         from replug_jax.train.export import record_temperature
 
-        folder = pathlib.Path(args.retriever or "")
-        if not (folder / "replug.json").is_file():
-            raise ValueError("--store retriever needs --retriever to name a folder exported by "
-                             "replug-jax (with replug.json); use --store index otherwise")
+        folder = pathlib.Path(args.retriever)
         record_temperature(folder, fit["temperature"], fit, _card_text(fit))
         where = str(folder / "replug.json")
     fit["stored_in"] = where
@@ -164,7 +175,7 @@ def add_parsers(sub) -> None:
     ev.add_argument("--label", default="base", help="name of the first system (default base)")
     ev.add_argument("--compare-label", default="trained",
                     help="name of the second system's rows, mode@label (default trained)")
-    ev.add_argument("--confidence", type=unit_interval, default=0.95,
+    ev.add_argument("--confidence", type=open_unit_interval, default=0.95,
                     help="interval coverage (default 0.95)")
     ev.add_argument("--resamples", type=positive_int, default=10_000,
                     help="bootstrap resamples (default 10000)")

@@ -46,15 +46,17 @@ def make_pipeline(args, lm=None, index=None, retriever=None, retrieve: bool | No
     from replug_jax.replug import Replug
     from replug_jax.retrieval.encoder import Retriever
 
-    lm = lm if lm is not None else make_lm(args)
     mode = getattr(args, "mode", "replug")
     index = index if index is not None else args.index
+    retrieving = (mode != "none") if retrieve is None else retrieve
+    if retrieving and index is None:  # refused before the LM loads
+        raise ValueError(f"mode {mode!r} needs --index (build one with `replug index build`)")
+    lm = lm if lm is not None else make_lm(args)
     pipe_retriever = pipe_index = None
-    if (mode != "none") if retrieve is None else retrieve:
-        if index is None:
-            raise ValueError(f"mode {mode!r} needs --index (build one with `replug index "
-                             "build`)")
+    if retrieving:
         pipe_retriever, pipe_index = Retriever.for_index(index, retriever or args.retriever)
+    else:  # the LM alone (`eval --modes none`)
+        mode = "none"
     return Replug(lm, pipe_retriever, pipe_index, k=args.k,
                   retrieval_temperature=args.retrieval_temperature,
                   separator=args.separator.encode().decode("unicode_escape"), mode=mode,
