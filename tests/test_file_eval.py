@@ -25,14 +25,15 @@ from tests._models import save_tiny_bert, tiny_lm, tiny_retriever
 
 pytestmark = pytest.mark.models
 
-PASSAGES = [Passage(i, f"The {name} river flows through {town}.", name, f"doc-{name}")
+PASSAGES = [Passage(i, f"The {name} river flows through {town}.", name,
+                   f"doc-{name}" if i != 1 else "2")  # ids of either type (issue 67)
             for i, (name, town) in enumerate([("Amber", "Lindholm"), ("Birch", "Oskar"),
                                                ("Cedar", "Tallin"), ("Dove", "Vemund"),
                                                ("Elm", "Rask"), ("Fern", "Ulla")])]
 QA = [{"id": "a", "question": "Where does the Amber river flow?", "answer": "Lindholm",
        "gold_doc": "doc-Amber", "group": "g1"},
       {"id": "b", "question": "Where does the Birch river flow?", "answers": ["Oskar", "oskar"],
-       "gold_doc": 1, "group": "g1"},
+       "gold_doc": 2, "group": "g1"},
       {"id": "c", "question": "Where does the Cedar river flow?", "answer": "Tallin",
        "group": "g2"},
       {"id": "d", "question": "Which river flows through Vemund?", "answer": "the Dove",
@@ -115,7 +116,7 @@ def test_qa_rows_equal_direct_scoring_differences_are_paired_and_a_rerun_resumes
     rows = report["rows"]
     assert rows["none"]["mean_answer_loglik"] == pytest.approx(np.mean(direct), rel=1e-5)
     # gold recall: every question naming a gold passage found it among 6 with k = 2 or not;
-    # the string id "doc-Amber" and the passage id 1 both count
+    # the string id "doc-Amber" and the integer document id 2 (passage 1) both count
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").open()]
     replug = [r for r in records if r["mode"] == "replug"]
     assert sum("gold_hit" in r for r in replug) == 3

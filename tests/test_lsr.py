@@ -20,7 +20,7 @@ from tests._models import tiny_lm, tiny_retriever
 
 TOPICS = ["rivers of Europe", "capital cities", "volcanoes", "chess openings",
           "jazz musicians", "prime numbers", "tropical fruit", "medieval castles"]
-PASSAGES = [Passage(i, f"A passage about {t}: fact number {j} about {t}.")
+PASSAGES = [Passage(i, f"A passage about {t}: fact number {j} about {t}.", source_id=str(i))
             for i, (t, j) in enumerate((t, j) for t in TOPICS for j in range(2))]
 TRAIN = [Example(f"q{i}", f"Tell me about {TOPICS[i % 8]}", f"Question: {TOPICS[i % 8]}?\nAnswer:",
                  f" It is about {TOPICS[i % 8]}.", gold_doc=2 * (i % 8)) for i in range(16)]
@@ -603,23 +603,27 @@ def test_remat_defaults_on_for_accelerators_and_off_on_a_cpu():
     assert resolve_remat(True, "cpu") and not resolve_remat(False, "tpu")
 
 
-def test_gold_doc_names_a_passage_id_or_the_corpus_s_own_document_id(tmp_path):
-    """An int names a passage (``#id``), a string the corpus's own document id (every passage
-    cut from it counts); a value naming no passage is refused, not scored as recall 0."""
+def test_gold_doc_names_the_corpus_s_document_id_whatever_its_type(tmp_path):
+    """A gold_doc is the corpus's document id, an integer or a string (DPR numbers its
+    passages 1, 2, …; a corpus without ids numbers its lines from 1): every passage cut from
+    that document counts; a value naming no document is refused, not scored as recall 0."""
     from replug_jax.retrieval.store import PassageStore
     from replug_jax.train.data import resolve_gold
 
     store = PassageStore.from_passages([
         Passage(0, "a1", source_id="doc-a"), Passage(1, "a2", source_id="doc-a"),
-        Passage(2, "b", source_id="doc-b")])
+        Passage(2, "b", source_id="1"), Passage(3, "c", source_id="2")])
     got = resolve_gold([Example("x", "q", "c", " y", gold_doc="doc-a"),
-                        Example("y", "q", "c", " y", gold_doc=2),
+                        Example("y", "q", "c", " y", gold_doc=1),
+                        Example("v", "q", "c", " y", gold_doc="2"),
                         Example("z", "q", "c", " y")], store)
-    assert [e.gold_doc for e in got] == [(0, 1), (2,), None]
+    assert [e.gold_doc for e in got] == [(0, 1), (2,), (3,), None]
     with pytest.raises(ValueError, match="gold_doc 'doc-c' is no document id of the corpus"):
         resolve_gold([Example("x", "q", "c", " y", gold_doc="doc-c")], store)
-    with pytest.raises(ValueError, match="gold_doc 7 is no passage id of the corpus"):
-        resolve_gold([Example("x", "q", "c", " y", gold_doc=7)], store)
+    with pytest.raises(ValueError, match="gold_doc 0 is no document id of the corpus"):
+        resolve_gold([Example("x", "q", "c", " y", gold_doc=0)], store)  # not a row number
+    with pytest.raises(ValueError, match="gold_doc must be a document id"):
+        resolve_gold([Example("x", "q", "c", " y", gold_doc=1.5)], store)
     # the trainer: recall of string ids equals recall of the same passages' int ids
     named = [dataclasses.replace(e, gold_doc=str(e.gold_doc)) for e in TRAIN]
     docs = [dataclasses.replace(p, source_id=str(p.id)) for p in PASSAGES]
@@ -633,9 +637,10 @@ def test_gold_doc_names_a_passage_id_or_the_corpus_s_own_document_id(tmp_path):
     assert any(r["gold_in_topk"] > 0 for r in _log(b))
     ra, rb = a.evaluate(a.train[:8]), b.evaluate(b.train[:8])
     assert ra["recall@5"] == rb["recall@5"] > 0 and ra["recall@1"] == rb["recall@1"]
+    other_ids = [dataclasses.replace(p, source_id=f"doc-{p.id}") for p in PASSAGES]
     with pytest.raises(ValueError, match="is no document id"):
         LSRTrainer(BASE, tmp_path / "bad", retriever=tiny_retriever(0), lm_scorer=tiny_lm(0),
-                   passages=PASSAGES, train=named, progress=False)
+                   passages=other_ids, train=named, progress=False)
 
 
 @pytest.mark.models
