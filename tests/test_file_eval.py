@@ -201,6 +201,44 @@ def test_the_records_key_names_every_setting_that_changes_a_number():
         _DATA, Replug(tiny_lm(0), retriever, index, k=1), EvalSettings(), "top1")
 
 
+def test_intervals_say_what_they_resample_and_one_group_is_not_called_groups(tmp_path):
+    """One `group` for every question: the bootstrap cannot resample groups, so it
+    resamples questions, and the comparison and the summary say so (not "over groups")."""
+    from replug_jax.eval.file_eval import comparisons
+    from replug_jax.eval.file_report import summary_markdown
+
+    rng = np.random.default_rng(0)
+    per_item = {mode: [{"loglik": float(x)} for x in rng.normal(size=6)]
+                for mode in ("none", "replug")}
+    settings = EvalSettings(resamples=200)
+    for groups, unit, clusters in ((["g"] * 6, "questions", None),
+                                   (["a", "a", "b", "b", "c", "c"], "groups", 3)):
+        rows = [{"question": f"q{i}?", "answer": "a", "group": g} for i, g in enumerate(groups)]
+        data = read_eval_file(_write(tmp_path / "qa.jsonl", rows))
+        [c] = comparisons(data, per_item, ["base"], settings)
+        assert c["resampled"] == unit and c.get("clusters") == clusters
+        report = {"file": "qa.jsonl", "kind": "qa", "examples": 6,
+                  "clusters": len(set(groups)), "settings": {"k": 2, "confidence": 0.95},
+                  "systems": {}, "rows": {"none": {}, "replug": {}}, "comparisons": [c]}
+        text = summary_markdown(report)
+        assert f"| {clusters or 6} {unit} |" in text
+        assert ("Every example is in one group" in text) == (clusters is None)
+
+
+def test_a_report_without_matplotlib_says_the_plot_was_skipped(tmp_path, monkeypatch):
+    from replug_jax.eval import file_report
+
+    monkeypatch.setattr(file_report, "plot", lambda report, path: False)
+    report = {"file": "qa.jsonl", "kind": "qa", "examples": 1, "clusters": None,
+              "settings": {"k": 2, "confidence": 0.95}, "systems": {}, "rows": {"none": {}},
+              "comparisons": []}
+    file_report.write_report(report, tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["files"]["plot"] is None and "matplotlib" in saved["files"]["plot_skipped"]
+    assert "No results.png: matplotlib is not installed" in (tmp_path / "summary.md").read_text()
+    assert not (tmp_path / "results.png").exists()
+
+
 def test_tau_records_of_two_query_encoders_sharing_an_index_are_both_kept(tmp_path):
     """A query-tower-only retriever shares its base's index: fitting its τ must not delete
     the base's (which would then run at τ = 1 in `eval --compare-retriever`); an index's

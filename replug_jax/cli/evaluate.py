@@ -69,7 +69,9 @@ def cmd_eval(args) -> int:
                            progress=not args.json)
     from replug_jax.eval.file_report import summary_markdown
 
-    emit(args, report, summary_markdown(report) + f"\nwritten to {args.output}/")
+    skipped = report["files"].get("plot_skipped")
+    emit(args, report, summary_markdown(report) + f"\nwritten to {args.output}/"
+         + (f" (no results.png: {skipped})" if skipped else ""))
     return 0
 
 

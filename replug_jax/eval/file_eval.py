@@ -216,10 +216,13 @@ def comparisons(data: EvalData, per_item: dict, systems: Sequence[str],
         a, b = per_item[row], per_item[ref]
         if data.kind == "text":
             clusters = [data.groups[r["text"]] if data.groups else r["text"] for r in a]
+            clustered = len(set(clusters)) > 1
             d = bpb_difference([r["loglik"] for r in a], [r["loglik"] for r in b],
                                [r["num_bytes"] for r in a],
-                               clusters=clusters if len(set(clusters)) > 1 else None, **kw)
-            out.append({"row": row, "reference": ref, "metric": "bits_per_byte", **d})
+                               clusters=clusters if clustered else None, **kw)
+            unit = ("groups" if data.groups else "texts") if clustered else "windows"
+            out.append({"row": row, "reference": ref, "metric": "bits_per_byte", **d,
+                        "resampled": unit})
             continue
         for metric, field in (("answer_loglik", "loglik"), ("exact_match", "em"), ("f1", "f1"),
                               ("answer_contained", "contains"), ("gold_recall", "gold_hit")):
@@ -228,9 +231,11 @@ def comparisons(data: EvalData, per_item: dict, systems: Sequence[str],
             groups = [data.groups[i] for i in both] if data.groups else None
             if len(both) < 2:
                 continue
+            clustered = bool(groups) and len(set(groups)) > 1
             out.append({"row": row, "reference": ref, "metric": metric, **paired_bootstrap(
                 [float(a[i][field]) for i in both], [float(b[i][field]) for i in both],
-                clusters=groups if groups and len(set(groups)) > 1 else None, **kw)})
+                clusters=groups if clustered else None, **kw),
+                "resampled": "groups" if clustered else "questions"})
     return out
 
 

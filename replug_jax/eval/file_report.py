@@ -42,11 +42,20 @@ def summary_markdown(report: dict) -> str:
     if report["comparisons"]:
         conf = round(100 * report["settings"]["confidence"])
         lines += ["", f"Paired differences, row minus reference, with {conf} % bootstrap "
-                  "intervals" + (" over groups" if report.get("clusters") else "") + ":", "",
-                  "| row | reference | metric | difference | better |", "|---|---|---|---|---|"]
+                  "intervals resampling what the last column names (whole groups, or items "
+                  "taken as independent):", "",
+                  "| row | reference | metric | difference | better | resampled |",
+                  "|---|---|---|---|---|---|"]
         for c in report["comparisons"]:
+            unit = c.get("resampled", "items")
+            count = c.get("clusters", c.get("items"))
             lines.append(f"| {c['row']} | {c['reference']} | {c['metric']} | "
-                         f"{format_interval(c, 4)} | {BETTER[c['metric']]} |")
+                         f"{format_interval(c, 4)} | {BETTER[c['metric']]} | "
+                         f"{count} {unit} |")
+        if report.get("clusters") == 1:
+            lines += ["", "Every example is in one group: the intervals resample single "
+                      "items, as if they were independent (give each article or source its "
+                      "own `group`)."]
     return "\n".join(lines) + "\n"
 
 
@@ -81,7 +90,14 @@ def plot(report: dict, path: pathlib.Path) -> bool:
 
 
 def write_report(report: dict, out: pathlib.Path) -> None:
+    drawn = plot(report, out / "results.png")
     report["files"] = {"records": "records.jsonl", "summary": "summary.md",
-                       "plot": "results.png" if plot(report, out / "results.png") else None}
-    write_text_atomic(summary_markdown(report), out / "summary.md")
+                       "plot": "results.png" if drawn else None}
+    if not drawn:
+        report["files"]["plot_skipped"] = ("matplotlib is not installed "
+                                           "(pip install matplotlib)")
+    text = summary_markdown(report)
+    if not drawn:
+        text += f"\nNo results.png: {report['files']['plot_skipped']}.\n"
+    write_text_atomic(text, out / "summary.md")
     write_json_atomic(report, out / "results.json")
