@@ -48,6 +48,14 @@ def test_a_query_tower_run_is_exported_as_two_towers_at_its_selected_step(query_
     np.testing.assert_allclose(loaded.encode(FACTS), base.encode(FACTS), atol=1e-5)
     assert not np.allclose(loaded.encode_queries(questions), base.encode_queries(questions),
                            atol=1e-4)  # the query tower did move
+    # every library cuts as the towers were trained: the tokenizers' own limits too
+    from transformers import AutoTokenizer
+
+    long_text = " ".join(f"word{i}" for i in range(300))
+    for folder, length, side in ((out, 16, "left"), (out / "passage_encoder", 32, "right")):
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        ids = tok(long_text, truncation=True)["input_ids"]
+        assert len(ids) == length and tok.truncation_side == side
     card = (out / "README.md").read_text()
     assert "the query tower alone" in card and '"gamma_used"' in card
     assert f"steps: {step} of 4" in card
@@ -87,3 +95,27 @@ def test_a_re_export_keeps_the_tau_fitted_for_its_weights(query_run, tmp_path):
     with pytest.warns(UserWarning, match="fitted for the weights this export replaces"):
         export_run(tmp_path / "run", out, step=other)
     assert "temperature" not in json.loads((out / "replug.json").read_text())
+
+
+def test_an_index_built_with_an_export_cuts_passages_at_its_trained_length(query_run, tmp_path):
+    """`index build --retriever <export>` embeds passages as the export was trained to
+    (replug.json's doc_max_length), as Retriever.load and sentence-transformers do; an
+    explicit --max-length still wins."""
+    from replug_jax.cli import main
+    from replug_jax.retrieval.encoder import Retriever
+    from replug_jax.retrieval.faiss_index import Index
+    from replug_jax.train.export import export_run
+
+    out, _, _ = export_run(tmp_path / "run", tmp_path / "release", dtype="float32")
+    corpus = tmp_path / "c.jsonl"
+    long_text = " ".join(f"word{i}" for i in range(200))
+    corpus.write_text(json.dumps({"id": "long", "text": long_text}) + "\n"
+                      + json.dumps({"id": "short", "text": FACTS[0]}) + "\n")
+    for name, extra, length in (("idx", [], 32), ("idx64", ["--max-length", "48"], 48)):
+        assert main(["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / name),
+                     "--retriever", str(out), "--chunk-size", "1000"] + extra) == 0
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        assert manifest["encoder"]["max_length"] == length
+    index = Index.load(tmp_path / "idx")
+    own = Retriever.load(str(out)).encode([long_text, FACTS[0]])
+    np.testing.assert_allclose(index.search(own, 1).scores[:, 0], 1.0, atol=1e-4)

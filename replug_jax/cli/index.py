@@ -36,8 +36,10 @@ def cmd_build(args) -> int:
 
     initialize_distributed()  # a multi-host build: each process embeds its own shards
     t0 = time.perf_counter()
-    retriever = Retriever.load(args.retriever, similarity=args.similarity,
-                               max_length=args.max_length, batch_size=args.batch_size)
+    # an export's replug.json (its trained similarity and lengths) wins unless set here
+    given = {k: v for k, v in (("similarity", args.similarity),
+                               ("max_length", args.max_length)) if v is not None}
+    retriever = Retriever.load(args.retriever, batch_size=args.batch_size, **given)
     check_factory(args.factory, retriever.dim)  # before reading the corpus
     partial = pathlib.Path(args.out).with_name(pathlib.Path(args.out).name + ".partial")
     fresh = not partial.exists()
@@ -226,10 +228,13 @@ def add_parsers(sub) -> None:
                    help="passage length in chunk units (default 100; the paper uses 128 tokens)")
     b.add_argument("--overlap", type=non_negative_int, default=0,
                    help="units shared by adjacent passages")
-    b.add_argument("--similarity", choices=("cosine", "dot"), default="cosine",
-                   help="cosine (paper Eq. 1, default) or raw dot product (official code)")
-    b.add_argument("--max-length", type=positive_int, default=512,
-                   help="encoder token limit; longer passages are truncated and counted")
+    b.add_argument("--similarity", choices=("cosine", "dot"), default=None,
+                   help="cosine (paper Eq. 1, the default) or raw dot product (official "
+                        "code); default: the retriever's (an export's replug.json), else "
+                        "cosine")
+    b.add_argument("--max-length", type=positive_int, default=None,
+                   help="encoder token limit; longer passages are truncated and counted "
+                        "(default: an export's trained doc_max_length, else 512)")
     b.add_argument("--batch-size", type=positive_int, default=None,
                    help="encoding batch size (default: 8 on CPU, 64 on GPU/TPU)")
     s = command(isub, "search", cmd_search, help="print the top-k passages for queries",

@@ -150,6 +150,11 @@ def export_retriever(retriever: RetrieverModel, out_dir: str | pathlib.Path,
     if max_length is not None:
         write_json_atomic({"max_seq_length": int(max_length), "do_lower_case": False},
                           tmp / "sentence_bert_config.json")
+        # and the tokenizer's own limit: `tokenizer(text, truncation=True)` then cuts to the
+        # trained length, not the base's 512
+        tok_cfg = tmp / "tokenizer_config.json"
+        settings = json.loads(tok_cfg.read_text()) if tok_cfg.is_file() else {}
+        write_json_atomic({**settings, "model_max_length": int(max_length)}, tok_cfg)
     pool_dir = tmp / "1_Pooling"
     pool_dir.mkdir()
     write_json_atomic({"word_embedding_dimension": retriever.config.hidden_size,
