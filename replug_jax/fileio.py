@@ -81,7 +81,14 @@ def read_jsonl_lines(path: str | pathlib.Path) -> list[tuple[int, dict]]:
     if not path.exists():
         raise ValueError(f"{path}: no such data file")
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        lineno = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {raw[err.start]:#04x} at offset "
+                         f"{err.start}); save the file as UTF-8") from None
+    for lineno, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
                 rows.append((lineno, json.loads(line)))

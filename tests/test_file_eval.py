@@ -138,6 +138,19 @@ def test_qa_rows_equal_direct_scoring_differences_are_paired_and_a_rerun_resumes
     assert {p.name for p in out.iterdir()} >= {"results.json", "summary.md", "records.jsonl",
                                                  "results.png"}
     assert "| replug | none | answer_loglik |" in (out / "summary.md").read_text()
+    # FlashRAG's names beside ours: em is our EM; its dataset schema gives the same rows
+    for row in rows.values():
+        if "exact_match" in row:
+            assert row["flashrag"]["em"] == row["exact_match"]
+            assert row["flashrag"]["acc"] >= row["answer_contained"]
+    assert "| row | em | f1 | acc |" in (tmp_path / "out" / "summary.md").read_text()
+    theirs = [{"id": r["id"], "question": r["question"],
+               "golden_answers": r["answers"] if "answers" in r else [r["answer"]],
+               "metadata": {"gold_doc": r.get("gold_doc")}, "gold_doc": r.get("gold_doc"),
+               "group": r["group"]} for r in QA]
+    flashrag = evaluate_file(read_eval_file(_write(tmp_path / "flashrag.jsonl", theirs)),
+                             {"base": pipe}, settings, tmp_path / "fr", progress=False)
+    assert flashrag["rows"] == rows
     # a rerun with the same settings reads every record back: the LM is never called
     pipe.lm.score_continuations = pipe.lm.generate = None
     again = evaluate_file(data, {"base": pipe}, settings, out, progress=False)
@@ -237,6 +250,55 @@ def test_a_report_without_matplotlib_says_the_plot_was_skipped(tmp_path, monkeyp
     assert saved["files"]["plot"] is None and "matplotlib" in saved["files"]["plot_skipped"]
     assert "No results.png: matplotlib is not installed" in (tmp_path / "summary.md").read_text()
     assert not (tmp_path / "results.png").exists()
+
+
+def test_flashrag_metrics_as_flashrag_defines_them():
+    """FlashRAG's `acc` is a substring of the normalised prediction (inside words too), its
+    `f1` scores a closed answer (yes / no / noanswer) only when both sides match; `em` is
+    ours. Hand-computed cases."""
+    from replug_jax.eval.qa import contains_answer, f1_score, flashrag_f1, substring_match
+
+    assert substring_match("It is 140 km away.", ["14"]) == 1.0
+    assert contains_answer("It is 140 km away.", ["14"]) == 0.0
+    assert substring_match("The Eiffel Tower!", ["eiffel tower", "x"]) == 1.0
+    assert substring_match("Paris", ["London"]) == 0.0
+    assert f1_score("yes", ["yes it is"]) == pytest.approx(0.5)  # 2·1·(1/3)/(1+1/3)
+    assert flashrag_f1("yes", ["yes it is"]) == 0.0
+    assert flashrag_f1("yes", ["Yes."]) == 1.0
+    assert flashrag_f1("the big red barn", ["red barn", "blue"]) == pytest.approx(0.8)
+    assert flashrag_f1("", ["a"]) == 0.0
+
+
+def test_flashrag_dataset_files_read_as_they_are_and_bad_bytes_are_named(tmp_path):
+    """FlashRAG's jsonl ({id, question, golden_answers, metadata}) is a QA file without
+    conversion, the same items as the project's schema; a file that is not UTF-8 is refused
+    naming the file and line."""
+    ours = [{"id": f"test_{i}", "question": r["question"],
+             "answers": r.get("answers") or [r["answer"]]} for i, r in enumerate(QA)]
+    theirs = [{"id": r["id"], "question": r["question"], "golden_answers": r["answers"],
+               "metadata": {"source": "nq"}} for r in ours]
+    a = read_eval_file(_write(tmp_path / "ours.jsonl", ours))
+    b = read_eval_file(_write(tmp_path / "flashrag.jsonl", theirs))
+    assert a.kind == b.kind == "qa" and a.items == b.items
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"question": "q?", "answer": "a"}\n{"question": "Caf\xe9?", '
+                    b'"answer": "b"}\n')
+    with pytest.raises(ValueError, match=r"latin1.jsonl:2: not UTF-8"):
+        read_eval_file(bad)
+
+
+def test_a_seeded_sample_spans_the_groups_of_an_article_ordered_file(tmp_path):
+    rows = [{"id": f"{a}{i}", "question": f"q {a}{i}?", "answer": "x", "group": a}
+            for a in "abcde" for i in range(8)]  # 40 questions, ordered by article
+    path = _write(tmp_path / "qa.jsonl", rows)
+    first = read_eval_file(path, limit=10)
+    assert set(first.groups) == {"a", "b"}  # the first N: two articles
+    drawn = read_eval_file(path, limit=10, sample_seed=3)
+    assert len(drawn) == 10 and sorted(drawn.groups) == sorted("abcde" * 2)
+    assert drawn.items == read_eval_file(path, limit=10, sample_seed=3).items  # seeded
+    assert drawn.items != read_eval_file(path, limit=10, sample_seed=4).items
+    ids = [it.id for it in drawn.items]
+    assert ids == sorted(ids, key=[r["id"] for r in rows].index)  # file order kept
 
 
 def test_tau_records_of_two_query_encoders_sharing_an_index_are_both_kept(tmp_path):

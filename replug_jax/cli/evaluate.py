@@ -44,8 +44,16 @@ def _settings(args, modes=("replug",)):
         resamples=getattr(args, "resamples", 10_000), seed=args.seed)
 
 
-def cmd_eval(args) -> int:
+def _read_data(args):
     from replug_jax.eval.datasets import read_eval_file
+
+    if args.sample and args.limit is None:
+        raise ValueError("--sample draws --limit examples: give --limit N")
+    return read_eval_file(args.file, limit=args.limit,
+                          sample_seed=args.seed if args.sample else None)
+
+
+def cmd_eval(args) -> int:
     from replug_jax.eval.file_eval import evaluate_file
 
     if args.compare_retriever is None and args.compare_index is not None:
@@ -57,7 +65,7 @@ def cmd_eval(args) -> int:
         raise ValueError("--compare-retriever compares retrieving modes; --modes none has none")
     if args.output.exists() and not args.output.is_dir():
         raise ValueError(f"--output {args.output} is a file; name a folder")
-    data = read_eval_file(args.file, limit=args.limit)
+    data = _read_data(args)
     retrieve = any(m != "none" for m in args.modes)
     first = make_pipeline(args, retrieve=retrieve)
     systems = {args.label: first}
@@ -76,7 +84,6 @@ def cmd_eval(args) -> int:
 
 
 def cmd_fit_tau(args) -> int:
-    from replug_jax.eval.datasets import read_eval_file
     from replug_jax.eval.file_eval import fit_temperature_on_file
 
     if args.index is None:
@@ -88,7 +95,7 @@ def cmd_fit_tau(args) -> int:
                                           / "replug.json").is_file():
         raise ValueError("--store retriever needs --retriever to name a folder exported by "
                          "replug-jax (with replug.json); use --store index otherwise")
-    data = read_eval_file(args.file, limit=args.limit)
+    data = _read_data(args)
     pipe = make_pipeline(args, lm=make_lm(args), retrieve=True)
     fit = fit_temperature_on_file(data, pipe, _settings(args), tuple(args.bounds),
                                   progress=not args.json)
@@ -130,7 +137,11 @@ def _add_data_args(p, what: str) -> None:
                    "(QA) or {text, id?, group?} (texts), or a .txt file (one text); formats in "
                    "docs/data.md")
     p.add_argument("--limit", type=positive_int, default=None,
-                   help="use only the first N examples")
+                   help="use only the first N examples (FlashRAG's protocol: the first 1000)")
+    p.add_argument("--sample", action="store_true",
+                   help="with --limit: draw the N examples with --seed across the file's "
+                        "groups instead of taking the first N (an article-ordered file's "
+                        "first questions come from one or two articles)")
     p.add_argument("--batch", type=positive_int, default=4, help="examples per pipeline call")
     p.add_argument("--chat-layout", choices=("inside", "before"), default="inside",
                    help="QA with a chat LM: each passage inside the user's turn (default) or "

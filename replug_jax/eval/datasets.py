@@ -3,10 +3,11 @@
 Both are JSONL, one example per line (the formats, with a worked example: ``docs/data.md``):
 
 - **QA**: ``{"question": str, "answer": str | [str, ...], "id"?: str, "gold_doc"?: int | str,
-  "group"?: str}``. ``"answers"`` is accepted for ``"answer"``; the first answer is the one
-  whose log-likelihood is scored, any of them counts for exact match and F1. ``gold_doc`` names
-  the passage that answers the question: an integer passage id (``#id`` in ``replug index
-  search``) or a string document id of the corpus (every passage cut from it counts), the
+  "group"?: str}``. ``"answers"``, and FlashRAG's ``"golden_answers"`` (its dataset files
+  ``{"id", "question", "golden_answers", "metadata"}`` read as they are), are accepted for
+  ``"answer"``; the first answer is the one whose log-likelihood is scored, any of them counts
+  for exact match and F1. ``gold_doc`` names the document that answers the question: the
+  corpus's document id, an integer or a string alike (every passage cut from it counts), the
   same convention as LSR training files. ``group`` clusters questions for the bootstrap
   (questions about one article are not independent).
 - **Text**: ``{"text": str, "id"?: str, "group"?: str}``; each text is cut into windows that
@@ -64,8 +65,11 @@ class EvalData:
         return [it.group if it.group is not None else f"item:{it.id}" for it in self.items]
 
 
+ANSWER_KEYS = ("answer", "answers", "golden_answers")  # the last: FlashRAG's jsonl
+
+
 def _answers(row: dict, where: str) -> tuple[str, ...]:
-    value = row.get("answer", row.get("answers"))
+    value = next((row[k] for k in ANSWER_KEYS if k in row), None)
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
@@ -96,10 +100,33 @@ def _kind_of(rows: list[tuple[int, dict]], path: pathlib.Path) -> str:
                      f"'text' (language modelling); found keys {sorted(first)}")
 
 
+def spread_sample(groups: list[str], limit: int, seed: int) -> list[int]:
+    """``limit`` item positions drawn with ``seed`` across the groups (``groups[i]``: item
+    ``i``'s group): each group's items in a seeded order, taken one per group in turn (groups
+    in a seeded order), so an article-ordered file's sample spans its articles instead of
+    its first one or two. Returned in file order."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    by_group: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    queues = [list(rng.permutation(members)) for members in by_group.values()]
+    queues = [queues[j] for j in rng.permutation(len(queues))]
+    picked: list[int] = []
+    while len(picked) < min(limit, len(groups)):
+        for q in queues:
+            if q and len(picked) < limit:
+                picked.append(int(q.pop()))
+    return sorted(picked)
+
+
 def read_eval_file(path: str | pathlib.Path, kind: str | None = None,
-                   limit: int | None = None) -> EvalData:
-    """The examples of ``path`` (the first ``limit`` of them). ``kind`` (``"qa"`` or
-    ``"text"``) is read from the first line unless given; every line must then be of it."""
+                   limit: int | None = None, sample_seed: int | None = None) -> EvalData:
+    """The examples of ``path``: all, the first ``limit`` of them, or with ``sample_seed``
+    ``limit`` drawn across the file's groups (:func:`spread_sample`; each item its own group
+    where the file names none). ``kind`` (``"qa"`` or ``"text"``) is read from the first
+    line unless given; every line must then be of it."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
@@ -118,6 +145,10 @@ def read_eval_file(path: str | pathlib.Path, kind: str | None = None,
     kind = kind or _kind_of(rows, path)
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if sample_seed is not None and limit is not None:
+        rows = [rows[i] for i in spread_sample(
+            [str(r.get("group", f"line:{n}")) if isinstance(r, dict) else str(n)
+             for n, r in rows], limit, sample_seed)]
     items, seen = [], set()
     for lineno, row in rows[:limit]:
         where = f"{path}:{lineno}"
@@ -133,8 +164,8 @@ def read_eval_file(path: str | pathlib.Path, kind: str | None = None,
                 raise ValueError(f"{where}: needs a non-empty 'question' (QA file)")
             gold = row.get("gold_doc")
             if gold is not None and (isinstance(gold, bool) or not isinstance(gold, (int, str))):
-                raise ValueError(f"{where}: 'gold_doc' must be a passage id (an integer) or a "
-                                 f"document id of the corpus (a string), got {gold!r}")
+                raise ValueError(f"{where}: 'gold_doc' must be a document id of the corpus "
+                                 f"(a string or an integer), got {gold!r}")
             items.append(QAItem(item_id, q.strip(), _answers(row, where), gold,
                                 _group(row, where)))
         else:

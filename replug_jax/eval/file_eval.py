@@ -225,7 +225,8 @@ def comparisons(data: EvalData, per_item: dict, systems: Sequence[str],
                         "resampled": unit})
             continue
         for metric, field in (("answer_loglik", "loglik"), ("exact_match", "em"), ("f1", "f1"),
-                              ("answer_contained", "contains"), ("gold_recall", "gold_hit")):
+                              ("answer_contained", "contains"), ("acc", "acc"),
+                              ("gold_recall", "gold_hit")):
             # the items both rows measured (gold recall: those naming a gold passage)
             both = [i for i, (x, y) in enumerate(zip(a, b)) if field in x and field in y]
             groups = [data.groups[i] for i in both] if data.groups else None

@@ -17,7 +17,8 @@ COLUMNS = {"qa": (("mean_answer_loglik", "answer log-lik.", 3), ("exact_match", 
            "text": (("bits_per_byte", "bits per byte", 4), ("perplexity", "perplexity", 3),
                     ("windows", "windows", 0), ("num_bytes", "bytes", 0))}
 BETTER = {"answer_loglik": "higher", "exact_match": "higher", "f1": "higher",
-          "answer_contained": "higher", "gold_recall": "higher", "bits_per_byte": "lower"}
+          "answer_contained": "higher", "acc": "higher", "gold_recall": "higher",
+          "bits_per_byte": "lower"}
 
 
 def summary_markdown(report: dict) -> str:
@@ -39,6 +40,15 @@ def summary_markdown(report: dict) -> str:
         cells = [("-" if f not in row else f"{row[f]:.{d}f}" if d else f"{row[f]:,}")
                  for f, _, d in cols]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    flashrag = {name: row["flashrag"] for name, row in report["rows"].items()
+                if "flashrag" in row}
+    if flashrag:
+        lines += ["", "FlashRAG's metric names and definitions (`em`; `f1`, where yes / no / "
+                  "noanswer must match; `acc`, a gold answer anywhere in the prediction), "
+                  "on the same normalisation (lower-case; punctuation and a/an/the dropped):",
+                  "", "| row | em | f1 | acc |", "|---|---:|---:|---:|",
+                  *(f"| {name} | {m['em']:.3f} | {m['f1']:.3f} | {m['acc']:.3f} |"
+                    for name, m in flashrag.items())]
     if report["comparisons"]:
         conf = round(100 * report["settings"]["confidence"])
         lines += ["", f"Paired differences, row minus reference, with {conf} % bootstrap "

@@ -51,11 +51,46 @@ def f1_score(prediction: str, answers: Sequence[str]) -> float:
 
 
 def contains_answer(prediction: str, answers: Sequence[str]) -> float:
-    """1.0 if a normalised gold answer occurs in the normalised prediction, as whole words
-    (FlashRAG's "substring EM"): a chat LM's full-sentence answer counts when it holds one."""
+    """1.0 if a normalised gold answer occurs in the normalised prediction as whole words: a
+    chat LM's full-sentence answer counts when it holds one ("14" is not in "140 km", unlike
+    FlashRAG's ``acc``, :func:`substring_match`)."""
     pred = f" {normalize_answer(prediction)} "
     return float(any(f" {normalize_answer(a)} " in pred for a in answers
                      if normalize_answer(a)))
+
+
+# FlashRAG's names for its QA metrics (flashrag/evaluator/metrics.py), computed as it defines
+# them on the same normalisation (lower-case, punctuation and a/an/the dropped, whitespace
+# collapsed): `em` is :func:`exact_match`; `f1` is :func:`f1_score` except that a "yes",
+# "no" or "noanswer" on either side scores 0 unless both are equal; `acc` ("sub-string EM")
+# is a normalised gold answer anywhere in the normalised prediction, inside a word too.
+FLASHRAG_METRICS = ("em", "f1", "acc")
+_CLOSED = ("yes", "no", "noanswer")
+
+
+def substring_match(prediction: str, answers: Sequence[str]) -> float:
+    """FlashRAG's ``acc``: 1.0 if a normalised gold answer is a substring of the normalised
+    prediction (characters, not words: "14" is in "140 km")."""
+    pred = normalize_answer(prediction)
+    return float(any(normalize_answer(a) in pred for a in answers))
+
+
+def flashrag_f1(prediction: str, answers: Sequence[str]) -> float:
+    """FlashRAG's ``f1``: the best token F1 over the gold answers, where a closed answer
+    (yes / no / noanswer) on either side counts only when both are the same, and an empty
+    side scores 0."""
+    pred = normalize_answer(prediction)
+    best = 0.0
+    for answer in answers:
+        gold = normalize_answer(answer)
+        if (pred in _CLOSED or gold in _CLOSED) and pred != gold:
+            continue
+        common = collections.Counter(pred.split()) & collections.Counter(gold.split())
+        overlap = sum(common.values())
+        if overlap:
+            precision, recall = overlap / len(pred.split()), overlap / len(gold.split())
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 def first_line(generation: str) -> str:
@@ -146,7 +181,7 @@ class QAEvaluator:
                                 reliance=False, **shared)
             for rec, i, s in zip(recs, idx, scored):
                 rec.update(loglik=s.loglik, cost=_share(s.cost, len(idx)))
-                if mode == "replug" and self.gold_doc is not None and i in self.gold_doc:
+                if mode != "none" and self.gold_doc is not None and i in self.gold_doc:
                     gold = self.gold_doc[i]  # a passage id, or every passage of one document
                     gold = set(gold) if isinstance(gold, (tuple, list, set)) else {gold}
                     w = dict(zip(s.doc_ids, s.weights))
@@ -158,7 +193,8 @@ class QAEvaluator:
             for rec, gold, g in zip(recs, answers, generated):
                 pred = first_line(g.text)
                 rec.update(prediction=pred, em=exact_match(pred, gold), f1=f1_score(pred, gold),
-                           contains=contains_answer(pred, gold))
+                           contains=contains_answer(pred, gold),
+                           acc=substring_match(pred, gold), f1_flashrag=flashrag_f1(pred, gold))
                 if not self.likelihood:
                     rec["cost"] = _share(g.cost, len(idx))
         return recs
@@ -227,6 +263,10 @@ def summarize_records(records: Sequence[dict]) -> dict:
                    f1=float(np.mean([r["f1"] for r in records if "f1" in r])))
     if records and all("contains" in r for r in records):  # (records written before it lack it)
         row["answer_contained"] = float(np.mean([r["contains"] for r in records]))
+    if records and all("acc" in r for r in records):  # FlashRAG's names and definitions
+        row["flashrag"] = {"em": float(np.mean([r["em"] for r in records])),
+                           "f1": float(np.mean([r["f1_flashrag"] for r in records])),
+                           "acc": float(np.mean([r["acc"] for r in records]))}
     gold_w = [r["gold_weight"] for r in records if "gold_weight" in r]
     if gold_w:
         row.update(mean_gold_weight=float(np.mean(gold_w)),
