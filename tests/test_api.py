@@ -501,3 +501,33 @@ def test_without_token_bytes_a_multi_byte_boundary_is_refused_in_one_line():
                                 "token_logprobs": [None, -1.0, -2.0],
                                 "text_offset": [0, 2, 3]}}
     assert api._parse_score(("日本は", " ok"), ascii_start, "echo").logprobs.tolist() == [-2.0]
+
+
+@pytest.mark.models
+def test_eval_of_a_served_lm_with_its_tokenizer_equals_in_process(served, tmp_path):
+    """`--api-tokenizer` reaches `eval`: a text file is cut into windows with it, and a served
+    chat LM gets its chat layout; both equal the same LM in process."""
+    from replug_jax.cli import main
+
+    _, url = served
+    texts = tmp_path / "t.jsonl"
+    texts.write_text(json.dumps({"text": "The river Amber flows north through Lindholm, "
+                                 "then east to the sea at Oskar. " * 6}) + "\n")
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"question": "What is the capital of France?",
+                              "answer": "Paris"}) + "\n")
+    common = ["--modes", "none", "--no-generate", "--window-tokens", "16",
+              "--context-tokens", "16", "--skip-first", "8"]
+    for name, data in (("text", texts), ("qa", qa)):
+        assert main(["eval", str(data), "--output", str(tmp_path / f"{name}_local"),
+                     "--lm", "smollm2", "--max-context", "512", *common]) == 0
+        assert main(["eval", str(data), "--output", str(tmp_path / f"{name}_api"),
+                     "--api-base", url, "--api-model", "smollm2", "--api-tokenizer", "smollm2",
+                     "--max-context", "512", *common]) == 0
+        local, api = (json.loads((tmp_path / f"{name}_{w}" / "results.json").read_text())
+                      for w in ("local", "api"))
+        metric = "bits_per_byte" if name == "text" else "mean_answer_loglik"
+        assert api["rows"]["none"][metric] == pytest.approx(local["rows"]["none"][metric],
+                                                            rel=1e-4)
+        assert api["settings"]["qa_layout"] == local["settings"]["qa_layout"]
+    assert local["settings"]["qa_layout"] == "chat_inside"

@@ -241,10 +241,21 @@ def test_intervals_say_what_they_resample_and_one_group_is_not_called_groups(tmp
 def test_a_report_without_matplotlib_says_the_plot_was_skipped(tmp_path, monkeypatch):
     from replug_jax.eval import file_report
 
-    monkeypatch.setattr(file_report, "plot", lambda report, path: False)
-    report = {"file": "qa.jsonl", "kind": "qa", "examples": 1, "clusters": None,
-              "settings": {"k": 2, "confidence": 0.95}, "systems": {}, "rows": {"none": {}},
-              "comparisons": []}
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    comparison = {"row": "replug", "reference": "none", "metric": "answer_loglik",
+                  "difference": 0.1, "low": 0.0, "high": 0.2, "items": 2}
+    report = {"file": "qa.jsonl", "kind": "qa", "examples": 2, "clusters": None,
+              "settings": {"k": 2, "confidence": 0.95}, "systems": {},
+              "rows": {"none": {}, "replug": {}}, "comparisons": [comparison]}
     file_report.write_report(report, tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["files"]["plot"] is None and "matplotlib" in saved["files"]["plot_skipped"]

@@ -69,19 +69,19 @@ def summary_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict, path: pathlib.Path) -> bool:
-    """Each paired difference with its interval, one panel per metric; False (and nothing
-    written) without matplotlib."""
+def plot(report: dict, path: pathlib.Path) -> str | None:
+    """Each paired difference with its interval, one panel per metric; None when drawn, else
+    why not (nothing written): no comparison to draw, or no matplotlib."""
+    metrics = list(dict.fromkeys(c["metric"] for c in report["comparisons"]))
+    if not metrics:
+        return "no paired comparison to draw (one row only)"
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
-    metrics = list(dict.fromkeys(c["metric"] for c in report["comparisons"]))
-    if not metrics:
-        return False
+        return "matplotlib is not installed (pip install matplotlib)"
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         cs = [c for c in report["comparisons"] if c["metric"] == metric]
@@ -96,18 +96,17 @@ def plot(report: dict, path: pathlib.Path) -> bool:
     with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    return True
+    return None
 
 
 def write_report(report: dict, out: pathlib.Path) -> None:
-    drawn = plot(report, out / "results.png")
+    skipped = plot(report, out / "results.png")
     report["files"] = {"records": "records.jsonl", "summary": "summary.md",
-                       "plot": "results.png" if drawn else None}
-    if not drawn:
-        report["files"]["plot_skipped"] = ("matplotlib is not installed "
-                                           "(pip install matplotlib)")
+                       "plot": None if skipped else "results.png"}
+    if skipped:
+        report["files"]["plot_skipped"] = skipped
     text = summary_markdown(report)
-    if not drawn:
-        text += f"\nNo results.png: {report['files']['plot_skipped']}.\n"
+    if skipped:
+        text += f"\nNo results.png: {skipped}.\n"
     write_text_atomic(text, out / "summary.md")
     write_json_atomic(report, out / "results.json")

@@ -118,6 +118,13 @@ class APIScorer:
 
             self._tokenizer = load_tokenizer(tokenizer)
 
+    @property
+    def tokenizer(self):
+        """The served model's tokenizer (``tokenizer=``, ``--api-tokenizer``), or None: with
+        it, ``eval``, ``fit-tau`` and ``ask`` give a served chat LM its own chat layout and
+        cut texts into windows as the model counts tokens."""
+        return self._tokenizer
+
     @classmethod
     def connect(cls, base_url: str, **kwargs) -> "APIScorer":
         """An :class:`APIScorer` whose capabilities come from :meth:`probe`."""

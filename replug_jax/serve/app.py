@@ -231,7 +231,7 @@ def prompt_logprob_entries(lm, ids, strings, logprobs, top_ids) -> list[dict | N
         top = (top_ids[p] if top_ids is not None else None) or []
         rank = next((r + 1 for r, (x, _) in enumerate(top) if x == t), None)
         entry = {str(t): {"logprob": lp, "rank": rank, "decoded_token": s,
-                          "bytes": list(token_bytes(lm, t))}}
+                          "bytes": list(token_bytes(lm, t, in_text=True))}}
         for r, (x, v) in enumerate(top):
             entry.setdefault(str(x), {"logprob": v, "rank": r + 1,
                                       "decoded_token": lm.tokenizer.decode([x])})

@@ -42,11 +42,12 @@ def public(block: dict) -> dict:
     return {k: v for k, v in block.items() if not k.startswith("_")}
 
 
-def token_bytes(lm: "FlaxLM", token_id: int) -> bytes:
+def token_bytes(lm: "FlaxLM", token_id: int, in_text: bool = False) -> bytes:
     """The bytes a token stands for: byte-level BPE symbols mapped back to bytes,
     SentencePiece ``<0xNN>`` byte tokens and ``▁`` spaces, special tokens as their text;
-    the end-of-text token is empty."""
-    if token_id == lm.eos_id:
+    a generated end-of-text token is empty, while one ``in_text`` (an echoed prompt: a chat
+    template's ``<|im_end|>`` is SmolLM2-Instruct's end-of-text token) is its text."""
+    if token_id == lm.eos_id and not in_text:
         return b""
     piece = lm.tokenizer.convert_ids_to_tokens(int(token_id))
     byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
@@ -145,7 +146,8 @@ def logprob_blocks(lm: "FlaxLM", items: list[_Item]) -> list[dict]:
                        "text_offset": offsets[start:], "top_logprobs": top if n_top else None,
                        # an extension of the legacy shape: each token's own bytes, which say
                        # where a token holding part of a multi-byte character belongs
-                       "token_bytes": [list(token_bytes(lm, int(x))) for x in ids[start:]],
+                       "token_bytes": [list(token_bytes(lm, int(x), in_text=True))
+                                       for x in ids[start:]],
                        "_ids": [int(x) for x in ids[start:]],
                        "_top_ids": top_ids if n_top else None})
     return blocks

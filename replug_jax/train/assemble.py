@@ -62,8 +62,7 @@ def build_trainer(cfg: LSRConfig, workdir: str | pathlib.Path, *, with_lm: bool 
                              max_context=cfg.lm_max_context,
                              **({"tokens_per_batch": cfg.lm_tokens_per_batch}
                                 if cfg.lm_tokens_per_batch else {}))
-    tok = lm.tokenizer if lm is not None and hasattr(lm, "tokenizer") else \
-        retriever.model.tokenizer
+    tok = getattr(lm, "tokenizer", None) or retriever.model.tokenizer
     if cfg.task == "qa":
         shots = read_demonstrations(cfg.qa_demonstrations) if cfg.qa_demonstrations else []
         train = qa_examples(cfg.data, shots)
