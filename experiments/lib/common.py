@@ -126,8 +126,9 @@ def write_results(name: str, variant: str, payload: dict, table: list[tuple], he
                   differences: str = "") -> pathlib.Path:
     """``root/<name>/<variant>.json`` + ``.md`` (table + notes), atomically, and the folder's
     ``README.md`` regenerated from every variant there (command, hardware, time, numbers,
-    ``differences`` from the paper's setting, and the folder's ``CHANGES.md``: results that
-    changed, with the old numbers)."""
+    ``differences`` from the paper's setting, the folder's ``CHANGES.md``: results that
+    changed, with the old numbers, and its ``TEMPERATURES.md``: the training temperatures and
+    Q reduction an LSR study ran with)."""
     out = pathlib.Path(root) / name
     out.mkdir(parents=True, exist_ok=True)
     payload = {**payload, "differences_from_paper": differences}
@@ -179,6 +180,9 @@ def _write_readme(folder: pathlib.Path) -> None:
     changes = folder / "CHANGES.md"  # results that changed, the old numbers beside the new
     if changes.exists():
         parts += ["## Changed results", "", changes.read_text().strip(), ""]
+    temperatures = folder / "TEMPERATURES.md"  # the γ, β and Q an LSR study trained with
+    if temperatures.exists():
+        parts += ["## Training temperatures and Q", "", temperatures.read_text().strip(), ""]
     for js, data in runs.items():
         prov = data.get("provenance", {})
         md = folder / f"{js.stem}.md"
