@@ -35,6 +35,17 @@ def test_no_import_runs_up_the_layers():
     assert not up, up
 
 
+def test_evaluation_does_not_import_training():
+    """eval/ measures any retriever, trained here or not: it takes nothing from train/ (the
+    gold documents of a file resolve in retrieval/store.py, as training's do)."""
+    found = [f"{path.relative_to(ROOT)} imports {node.module}"
+             for path in (ROOT / "eval").rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom)
+             and (node.module or "").startswith("replug_jax.train")]
+    assert not found, found
+
+
 def _layout_entries() -> dict[str, str]:
     """The layout page's block (docs/layout.md): ``{path at the start of a line: the text of
     its entry}``."""

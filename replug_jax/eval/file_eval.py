@@ -89,13 +89,14 @@ def _qa_layout(pipe, chat_layout: str) -> str:
 def resolve_gold_ids(data: EvalData, index) -> dict[int, tuple[int, ...]]:
     """Item index -> the passage ids its ``gold_doc`` names in ``index``'s store (refused in
     one line when it names none)."""
-    from replug_jax.train.data import Example, resolve_gold
+    from replug_jax.retrieval.store import gold_passages
 
     named = [(i, it) for i, it in enumerate(data.items) if it.gold_doc is not None]
     if not named or index is None:
         return {}
-    examples = [Example(it.id, it.question, "", "", it.gold_doc) for _, it in named]
-    return {i: ex.gold_doc for (i, _), ex in zip(named, resolve_gold(examples, index.passages))}
+    ids = gold_passages([it.gold_doc for _, it in named], index.passages,
+                        [it.id for _, it in named])
+    return {i: g for (i, _), g in zip(named, ids)}
 
 
 def qa_rows(data: EvalData, systems: dict, settings: EvalSettings, records: pathlib.Path,

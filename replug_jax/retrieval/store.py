@@ -242,6 +242,39 @@ class PassageStore:
             r += j - i
 
 
+def gold_passages(gold_docs: Sequence, store, names: Sequence[str]) -> list:
+    """The passage ids each gold document names in ``store`` (any iterable of passages with
+    ``source_id``): a ``gold_doc`` is a document id of the corpus, whatever its JSON type
+    (``7`` and ``"7"`` name the same document: DPR's ``psgs_w100.tsv`` numbers its passages
+    from 1, a corpus without ids numbers its lines from 1), and every passage cut from that
+    document counts. None and a tuple (passage ids already) pass through. A value that names
+    no document is refused in one line, naming the example (``names``), rather than scoring
+    recall 0 before and after training."""
+    for name, g in zip(names, gold_docs):
+        if g is not None and not isinstance(g, tuple) and (
+                isinstance(g, bool) or not isinstance(g, (int, str))):
+            raise ValueError(f"example {name!r}: gold_doc must be a document id of the corpus "
+                             f"(a string or an integer), got {g!r}")
+    wanted = {str(g) for g in gold_docs if g is not None and not isinstance(g, tuple)}
+    by_source: dict[str, list[int]] = {}
+    if wanted:  # one pass over the store, only when documents are named
+        for p in store:
+            if p.source_id in wanted:
+                by_source.setdefault(p.source_id, []).append(p.id)
+    out = []
+    for name, g in zip(names, gold_docs):
+        if g is None or isinstance(g, tuple):
+            out.append(g)
+            continue
+        ids = by_source.get(str(g))
+        if not ids:
+            raise ValueError(f"example {name!r}: gold_doc {g!r} is no document id of the "
+                             f"corpus ({len(store)} passages; ids are the corpus's `id` "
+                             "field, or line numbers from 1 where it has none)")
+        out.append(tuple(ids))
+    return out
+
+
 class PassageTexts(Sequence[str]):
     """The texts the retriever embeds (:func:`corpus_text`) of rows ``lo..hi-1`` of a store,
     read a slice at a time: what an index refresh encodes, without the corpus in memory."""

@@ -99,34 +99,10 @@ def batch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
 
 def resolve_gold(examples: Sequence[Example], store) -> list[Example]:
     """``examples`` with every ``gold_doc`` as the tuple of passage ids it names in ``store``
-    (a :class:`~replug_jax.retrieval.store.PassageStore`): a ``gold_doc`` is a document id of
-    the corpus, whatever its JSON type (``7`` and ``"7"`` name the same document: DPR's
-    ``psgs_w100.tsv`` numbers its passages from 1, and a corpus without ids numbers its lines
-    from 1), and every passage cut from that document counts. A value that names no document
-    is refused in one line, rather than scoring recall 0 before and after training."""
-    for e in examples:
-        g = e.gold_doc
-        if g is not None and not isinstance(g, tuple) and (
-                isinstance(g, bool) or not isinstance(g, (int, str))):
-            raise ValueError(f"example {e.id!r}: gold_doc must be a document id of the corpus "
-                             f"(a string or an integer), got {g!r}")
-    named = {str(e.gold_doc) for e in examples
-             if e.gold_doc is not None and not isinstance(e.gold_doc, tuple)}
-    by_source: dict[str, list[int]] = {}
-    if named:  # one pass over the store, only when documents are named
-        for p in store:
-            if p.source_id in named:
-                by_source.setdefault(p.source_id, []).append(p.id)
-    out = []
-    for e in examples:
-        g = e.gold_doc
-        if g is None or isinstance(g, tuple):
-            out.append(e)
-            continue
-        ids = by_source.get(str(g))
-        if not ids:
-            raise ValueError(f"example {e.id!r}: gold_doc {g!r} is no document id of the "
-                             f"corpus ({len(store)} passages; ids are the corpus's `id` "
-                             "field, or line numbers from 1 where it has none)")
-        out.append(dataclasses.replace(e, gold_doc=tuple(ids)))
-    return out
+    (:func:`~replug_jax.retrieval.store.gold_passages`: the corpus's document id, whatever its
+    type; refused in one line when it names none)."""
+    from replug_jax.retrieval.store import gold_passages
+
+    ids = gold_passages([e.gold_doc for e in examples], store, [e.id for e in examples])
+    return [e if e.gold_doc == g else dataclasses.replace(e, gold_doc=g)
+            for e, g in zip(examples, ids)]
