@@ -301,7 +301,8 @@ def test_malformed_score_inputs_are_one_line(content, match, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case", ["confidence_1", "same_labels", "output_is_file", "no_index",
-                                  "bounds_reversed", "store_retriever_without_export"])
+                                  "modes_twice", "bounds_reversed",
+                                  "store_retriever_without_export"])
 def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_path, capsys,
                                                                    monkeypatch):
     """Each refusal comes in one line before any model is loaded or anything is scored."""
@@ -324,6 +325,8 @@ def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_pat
         "output_is_file": (["eval", str(qa), "--output", str(tmp_path / "a_file")], "is a file"),
         "no_index": (["eval", str(qa), "--output", out, "--modes", "none,replug"],
                      "needs --index"),
+        "modes_twice": (["eval", str(qa), "--output", out, "--modes", "replug,replug"],
+                        "listed twice"),
         "bounds_reversed": (["fit-tau", str(qa), "--index", idx, "--bounds", "5", "1"],
                             "LOW < HIGH"),
         "store_retriever_without_export": (["fit-tau", str(qa), "--index", idx, "--store",

@@ -90,6 +90,22 @@ def test_a_topology_without_libtpu_or_unknown_is_one_line(configs, capsys):
     assert "cannot describe TPU topology 'v9z:7x7'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--chip-memory", "inf"], "finite positive"), (["--chip-memory", "-1"], "finite positive"),
+    (["--chip-memory", "0"], "finite positive"), (["--slices", "2"], "give one"),
+    (["--new-tokens", "64"], "must be below --context"),
+    (["--lsr-batch", "7", "--topology", "v5e:2x4"], "does not divide over the target's 8")])
+def test_bad_arguments_are_one_line_before_anything_compiles(configs, capsys, extra, message):
+    """Refused in one line with exit 2, not a traceback, a false "does not fit", silently
+    ignored, or a compile failure reported as the target's."""
+    if "--topology" in extra and importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu absent: a topology cannot be described")
+    code = main(["compile-check", "--lm-config", str(configs / "lm.json"), "--retriever-config",
+                 str(configs / "bert.json"), *SMALL, *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu absent: install the tpu-compile extra to compile for TPUs")
 def test_a_mesh_over_two_slices_keeps_only_the_data_axis_across_them():

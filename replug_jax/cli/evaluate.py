@@ -27,6 +27,8 @@ def modes_list(text: str) -> tuple[str, ...]:
     if bad or not modes:
         raise argparse.ArgumentTypeError(f"modes are a comma-separated list of {EVAL_MODES}, "
                                          f"got {text!r}")
+    if len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"a mode is listed twice: {text!r}")
     return modes
 
 

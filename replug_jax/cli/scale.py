@@ -69,6 +69,24 @@ def add_parsers(sub) -> None:
                    help="also write the report as JSON to this file")
 
 
+def _check_args(args) -> None:
+    """Every argument problem in one line, before anything is compiled."""
+    import math
+
+    if not 0 <= args.headroom < 1:
+        raise ValueError(f"--headroom must be in [0, 1), got {args.headroom}")
+    if args.chip_memory is not None and not (math.isfinite(args.chip_memory)
+                                             and args.chip_memory > 0):
+        raise ValueError(f"--chip-memory is a device's memory in GiB, a finite positive "
+                         f"number; got {args.chip_memory}")
+    if args.slices > 1 and not args.topology:
+        raise ValueError("--slices joins slices of a --topology; give one (e.g. --topology "
+                         "v5e:2x4 --slices 2)")
+    if args.new_tokens >= args.context:
+        raise ValueError(f"--new-tokens ({args.new_tokens}) must be below --context "
+                         f"({args.context}): the prefill is context − new-tokens of prompt")
+
+
 def _share_libtpu(args) -> None:
     """Before JAX loads: libtpu's lockfile would let only one process at a time describe a
     topology (a second gets ABORTED); compiling for one needs no exclusive chip."""
@@ -84,8 +102,7 @@ def cmd_compile_check(args) -> int:
     from replug_jax.lm.memory import read_lm_config
     from replug_jax.models.bert import BertConfig
 
-    if not 0 <= args.headroom < 1:
-        raise ValueError(f"--headroom must be in [0, 1), got {args.headroom}")
+    _check_args(args)
     lm_cfg = read_lm_config(args.lm_config)
     if args.retriever_config is not None:
         path = args.retriever_config
@@ -96,6 +113,11 @@ def cmd_compile_check(args) -> int:
     else:
         bert_cfg = BertConfig()
     devices = cc.target_devices(args.topology or None, args.slices)
+    wanted_retriever = {"lsr_step", "retriever"} & set(args.programs)
+    if wanted_retriever and args.lsr_batch % len(devices):
+        raise ValueError(f"--lsr-batch {args.lsr_batch} does not divide over the target's "
+                         f"{len(devices)} devices (the LSR step splits its batch over them): "
+                         "give a multiple")
     mesh = cc.target_mesh(devices, args.mesh or {"model": len(devices)})
     memory, where = cc.chip_memory(devices, args.chip_memory)
     shapes = Shapes(**{f: getattr(args, f) for f in HELP})
