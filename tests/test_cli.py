@@ -301,7 +301,7 @@ def test_malformed_score_inputs_are_one_line(content, match, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case", ["confidence_1", "same_labels", "output_is_file", "no_index",
-                                  "modes_twice", "bounds_reversed",
+                                  "other_corpus", "modes_twice", "bounds_reversed",
                                   "store_retriever_without_export"])
 def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_path, capsys,
                                                                    monkeypatch):
@@ -314,7 +314,10 @@ def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_pat
     monkeypatch.setattr("replug_jax.cli.infer.make_lm", no_lm)
     qa = tmp_path / "qa.jsonl"
     qa.write_text(json.dumps({"question": "Who?", "answer": "Me"}) + "\n")
-    (tmp_path / "idx").mkdir()
+    for name, checksum in (("idx", "c0ffee" * 4), ("idx2", "beef" * 6)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(json.dumps({"corpus_checksum":
+                                                                   checksum}))
     (tmp_path / "a_file").write_text("x")
     out, idx = str(tmp_path / "out"), str(tmp_path / "idx")
     argv, match = {
@@ -325,6 +328,9 @@ def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_pat
         "output_is_file": (["eval", str(qa), "--output", str(tmp_path / "a_file")], "is a file"),
         "no_index": (["eval", str(qa), "--output", out, "--modes", "none,replug"],
                      "needs --index"),
+        "other_corpus": (["eval", str(qa), "--output", out, "--index", idx,
+                          "--compare-retriever", "minilm", "--compare-index",
+                          str(tmp_path / "idx2")], "holds another corpus"),
         "modes_twice": (["eval", str(qa), "--output", out, "--modes", "replug,replug"],
                         "listed twice"),
         "bounds_reversed": (["fit-tau", str(qa), "--index", idx, "--bounds", "5", "1"],

@@ -266,11 +266,13 @@ def test_an_export_states_its_comparison_under_the_release_rule(tmp_path):
     assert (out / "model.safetensors").stat().st_mode & stat.S_IROTH
     fp = fingerprint(weight_files(resolve(out)))
 
-    def results(fp, low, high):
-        path = tmp_path / f"results_{low}.json"
+    base_fp = t.retriever.model.fingerprint
+
+    def results(fp, low, high, base=base_fp):
+        path = tmp_path / f"results_{low}_{base}.json"
         path.write_text(json.dumps({
             "file": "test.jsonl", "kind": "qa", "examples": 40, "settings": {"k": 4},
-            "systems": {"base": {"retriever": {"fingerprint": "b"}},
+            "systems": {"base": {"retriever": {"fingerprint": base}},
                         "trained": {"retriever": {"fingerprint": fp, "source": "rel"}}},
             "comparisons": [{"row": "replug@trained", "reference": "replug",
                              "metric": "answer_loglik", "difference": (low + high) / 2,
@@ -284,6 +286,8 @@ def test_an_export_states_its_comparison_under_the_release_rule(tmp_path):
     assert "**Not better than its base**" in (out / "README.md").read_text()
     with pytest.raises(ValueError, match="whose weights are not these"):
         t.export(tmp_path / "rel", comparison=results("0ther", 0.1, 0.5))
+    with pytest.raises(ValueError, match="not the base this run was trained from"):
+        t.export(tmp_path / "rel", comparison=results(fp, 0.1, 0.5, base="another"))
     assert "**Not better than its base**" in (out / "README.md").read_text()  # kept
     assert not (tmp_path / "rel.staged").exists()
     assert passes({"low": -0.02, "high": -0.01}, higher_is_better=False)

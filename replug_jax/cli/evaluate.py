@@ -46,6 +46,24 @@ def _settings(args, modes=("replug",)):
         resamples=getattr(args, "resamples", 10_000), seed=args.seed)
 
 
+def _same_corpus(index, other) -> None:
+    """Two systems compared on one file must retrieve from the same passages (their own
+    embeddings of them): refused in one line when the indexes' corpora differ."""
+    import json
+
+    sums = []
+    for d in (index, other):
+        try:
+            sums.append(json.loads((pathlib.Path(d) / "manifest.json").read_text())
+                        .get("corpus_checksum"))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{d}: no readable index manifest ({err})") from None
+    if None not in sums and sums[0] != sums[1]:
+        raise ValueError(f"--compare-index {other} holds another corpus than --index {index} "
+                         f"(checksums {sums[1][:12]} vs {sums[0][:12]}): a comparison needs "
+                         "the same passages")
+
+
 def _read_data(args):
     from replug_jax.eval.datasets import read_eval_file
 
@@ -65,6 +83,8 @@ def cmd_eval(args) -> int:
                          "systems' rows would share one name; give them different labels")
     if args.compare_retriever is not None and args.modes == ("none",):
         raise ValueError("--compare-retriever compares retrieving modes; --modes none has none")
+    if args.compare_index is not None and args.index is not None:
+        _same_corpus(args.index, args.compare_index)
     if args.output.exists() and not args.output.is_dir():
         raise ValueError(f"--output {args.output} is a file; name a folder")
     data = _read_data(args)

@@ -112,8 +112,8 @@ def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
            retriever_settings(cfg), dtype)
     try:
         weights = fingerprint(weight_files(resolve(staged)))
-        tested = None if comparison is None else comparison_from_eval(comparison, weights,
-                                                                      metric)
+        tested = None if comparison is None else comparison_from_eval(
+            comparison, weights, metric, base_fingerprint=model.fingerprint or None)
         write_text_atomic(model_card(cfg, step, dev, workdir, staged, dtype, tested,
                                      model.pooling), staged / "README.md")
         _keep_temperature(out, staged, weights)

@@ -39,11 +39,15 @@ def weight_digests(folder: str | pathlib.Path) -> dict[str, str]:
 
 
 def comparison_from_eval(results_path: str | pathlib.Path, fingerprint: str,
-                         metric: str | None = None) -> dict:
+                         metric: str | None = None, base_fingerprint: str | None = None
+                         ) -> dict:
     """The paired difference of ``replug eval``'s ``results.json`` that tests the retriever
     whose weights have ``fingerprint`` against its base: the row of the compared system in
     mode ``replug`` against the base's, on ``metric`` (default: gold-answer log-likelihood for
-    QA, bits per byte for text). Refused in one line when the file compared other weights."""
+    QA, bits per byte for text). Refused in one line when the file compared other weights,
+    or (with ``base_fingerprint``, the weights the run started from) when its reference
+    system's query encoder is not that base: a verdict against another retriever is not a
+    verdict against the base."""
     path = pathlib.Path(results_path)
     try:
         report = json.loads(path.read_text())
@@ -63,6 +67,13 @@ def comparison_from_eval(results_path: str | pathlib.Path, fingerprint: str,
         raise ValueError(f"{path}: tested the retriever {source!r}"
                          f", whose weights are not these (fingerprint {str(tested)[:12]} vs "
                          f"{fingerprint[:12]}); evaluate the exported folder itself")
+    ref = systems[labels[0]].get("retriever") or {}
+    ref_fp = ref.get("query_fingerprint", ref.get("fingerprint"))
+    if base_fingerprint is not None and ref_fp != base_fingerprint:
+        raise ValueError(f"{path}: its reference system {labels[0]!r} ran the retriever "
+                         f"{ref.get('query_source', ref.get('source'))!r} (fingerprint "
+                         f"{str(ref_fp)[:12]}), not the base this run was trained from "
+                         f"({base_fingerprint[:12]}); compare with the base as --retriever")
     metric = metric or ("answer_loglik" if report["kind"] == "qa" else "bits_per_byte")
     if metric not in HIGHER_IS_BETTER:
         raise ValueError(f"metric must be one of {sorted(HIGHER_IS_BETTER)}, got {metric!r}")
