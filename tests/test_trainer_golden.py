@@ -73,3 +73,22 @@ def test_a_pool_run_killed_after_a_checkpoint_resumes_to_the_same_run(tiny, tmp_
     np.testing.assert_allclose([c["dev_bpb"] for c in result["curve"]], dev_bpb, rtol=2e-6)
     again = _trainer(tiny, tmp_path, towers, "kl_retriever_to_lm").run()  # finished: no step
     assert again["step"] == 4 and again["last"] == {}
+
+
+def test_a_metrics_log_cut_mid_line_resumes(tiny, tmp_path):
+    """Issue 67: a metrics.jsonl (or curve.jsonl) ending in a cut line, as an interrupted
+    append or a full disk leaves it, is read to its last whole line; the resumed run ends
+    where an uninterrupted one does."""
+    import json
+
+    first = _trainer(tiny, tmp_path, "query", "kl_retriever_to_lm", checkpoint_every=2)
+    first.run(stop_after=2)
+    for name in ("metrics.jsonl", "curve.jsonl"):
+        with open(tmp_path / "run" / name, "a") as f:
+            f.write('{"step": 2, "loss": 0.12')  # no newline, no closing brace
+    again = _trainer(tiny, tmp_path, "query", "kl_retriever_to_lm", checkpoint_every=2)
+    result = again.run()
+    assert result["step"] == 4
+    steps = [json.loads(line)["step"] for line in
+             (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
