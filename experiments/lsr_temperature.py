@@ -40,7 +40,6 @@ from experiments.lsr_qa import QATask, pool_scores, retrieve
 from replug_jax.config import apply_overrides
 from replug_jax.eval.stats import paired_bootstrap
 from replug_jax.fileio import atomic_path
-from replug_jax.timing import Timer
 from replug_jax.train.pool import (
     embed_pool,
     fit_tau,
@@ -222,43 +221,58 @@ def plot(rows: list[dict], cfg, path: pathlib.Path) -> str | None:
 
 
 def main(argv=None):
-    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS)
-    with Timer() as sw:
-        qa_cfg, task, pools, examples = open_pools(cfg, args)
-        recall_qs = squad.sample_questions(task.study.dev_all, cfg.recall_dev, cfg.seed)
-        hits, measure = dev_measures(task, qa_cfg, pools, examples, recall_qs, qa_cfg.tau_grid)
-        grid_cfg = dataclasses.replace(
-            qa_cfg, grid=tuple(itertools.product(cfg.gammas, cfg.betas)),
-            objectives=tuple(cfg.objectives), lm_score=cfg.lm_score, steps=cfg.steps,
-            eval_every=cfg.eval_every, batch_size=cfg.batch_size,
-            learning_rate=cfg.learning_rate, patience=0, eval_temperature=0.0,
-            select_on=cfg.select_on, shuffled_control=False)
-        fold = Fold(0, pools, examples, pathlib.Path(cfg.workdir) / f"{NAME}_{args.config}",
-                    dev_recall=lambda params: float(np.mean(hits(params))))
-        base = measure(None)
-        # finished runs' JSONs (curve, temperatures, dev values per question) are kept in
-        # the results folder, committed as the study grows: a run found there is not trained
-        # again on another machine (its weights are not kept: the study reports dev values)
-        kept = pathlib.Path(args.out) / NAME / f"{args.config}_runs"
-        fold.run_dir.mkdir(parents=True, exist_ok=True)
-        for js in kept.glob("*.json"):
-            if not (fold.run_dir / js.name).exists():
-                shutil.copy(js, fold.run_dir / js.name)
+    args, cfg = parse_experiment_args(argv, __doc__, CONFIGS, extra=lambda ap: ap.add_argument(
+        "--report-only", action="store_true",
+        help="train nothing: report the variants finished so far (a partial result while "
+             "the study runs, stated as such)"))
+    qa_cfg, task, pools, examples = open_pools(cfg, args)
+    recall_qs = squad.sample_questions(task.study.dev_all, cfg.recall_dev, cfg.seed)
+    hits, measure = dev_measures(task, qa_cfg, pools, examples, recall_qs, qa_cfg.tau_grid)
+    grid_cfg = dataclasses.replace(
+        qa_cfg, grid=tuple(itertools.product(cfg.gammas, cfg.betas)),
+        objectives=tuple(cfg.objectives), lm_score=cfg.lm_score, steps=cfg.steps,
+        eval_every=cfg.eval_every, batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate, patience=0, eval_temperature=0.0,
+        select_on=cfg.select_on, shuffled_control=False)
+    fold = Fold(0, pools, examples, pathlib.Path(cfg.workdir) / f"{NAME}_{args.config}",
+                dev_recall=lambda params: float(np.mean(hits(params))))
+    base = measure(None)
+    # finished runs' JSONs (curve, temperatures, dev values per question) are kept in
+    # the results folder, committed as the study grows: a run found there is not trained
+    # again on another machine (its weights are not kept: the study reports dev values)
+    kept = pathlib.Path(args.out) / NAME / f"{args.config}_runs"
+    fold.run_dir.mkdir(parents=True, exist_ok=True)
+    for js in kept.glob("*.json"):
+        if not (fold.run_dir / js.name).exists():
+            shutil.copy(js, fold.run_dir / js.name)
+    context = dict(args=args, cfg=cfg, qa_cfg=qa_cfg, task=task, pools=pools,
+                   recall_qs=recall_qs, base=base, grid_cfg=grid_cfg)
 
-        def keep(path: pathlib.Path) -> None:
-            kept.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, kept / path.name)
+    def keep(path: pathlib.Path, runs: dict) -> None:
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, kept / path.name)
+        report(runs, **context)  # the result so far, stated as partial until the last
 
-        runs = train_variants(Runs(grid_cfg, task.retriever, task.by_id, task.progress,
-                                   task.frozen, measure), fold, on_run=keep)
+    runs = train_variants(Runs(grid_cfg, task.retriever, task.by_id, task.progress,
+                               task.frozen, measure), fold, on_run=keep,
+                          only_finished=args.report_only)
+    if runs:
+        report(runs, **context)
+
+
+def report(runs: dict, *, args, cfg, qa_cfg, task, pools, recall_qs, base, grid_cfg) -> None:
+    """The study's table, JSON and figure from the runs finished so far (all of them, or a
+    partial result that says how many)."""
     rows = summarize(runs, base, [q.article for q in recall_qs],
                      [q.article for q in task.study.pool_sets["dev"]], cfg)
     base_fit = next(iter(runs.values()))["temperatures"].get("base_fitted", {})
     ent = measured_entropies(pools["train"], qa_cfg.k,
                              sorted({base_fit.get("tau", 0.02), 0.02, 0.05, 0.1, 1.0}),
                              sorted({1.0, 0.1, base_fit.get("beta", 1.0)}))
-    payload = {"config": dataclasses.asdict(cfg), "study": cfg.study,
-               "variants": [label(v) for v in variants(grid_cfg)],
+    names = [label(v) for v in variants(grid_cfg)]
+    payload = {"config": dataclasses.asdict(cfg), "study": cfg.study, "variants": names,
+               "finished": f"{len(runs)} of {len(names)} variants"
+                           + ("" if len(runs) == len(names) else " (partial result)"),
                "questions": {"train": len(pools["train"]), "dev_pool": len(pools["dev"]),
                              "dev_recall": len(recall_qs)},
                "datastore_passages": len(task.study.store),
@@ -270,7 +284,9 @@ def main(argv=None):
                                                                     recall_qs]),
                                                     ("dev_pool", [q.article for q in
                                                                   task.study.pool_sets["dev"]]))},
-               "entropies": ent, "rows": rows, "seconds": sw.seconds,
+               "entropies": ent, "rows": rows,
+               # the variants' training time, summed over sessions (a run resumes)
+               "seconds": round(sum(r["seconds"] for r in runs.values()), 1),
                "provenance": provenance()}
     out_dir = pathlib.Path(args.out) / NAME
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -291,7 +307,8 @@ def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: i
               f"{r['dev_pool_loglik']:.3f}", _fmt(r["dev_pool_loglik_vs_base"]))
              for r in rows]
     q = payload["questions"]
-    notes = (f"Dev numbers of `{cfg.study}`'s pools ({q['train']} train questions; dev "
+    notes = (f"**{payload['finished']}.** "
+             f"Dev numbers of `{cfg.study}`'s pools ({q['train']} train questions; dev "
              f"recall@1 over the whole datastore of {payload['datastore_passages']:,} "
              f"passages on {q['dev_recall']:,} questions of the held-out dev articles; dev-pool "
              f"log-likelihood on its {dev_pool} dev-pool questions, τ fitted per "

@@ -746,3 +746,13 @@ def test_lsr_temperature_tiny(data, tmp_path):
     assert not list((tmp_path / "work" / "lsr_temperature_tiny").glob("*/checkpoints"))
     again = json.loads((tmp_path / "out" / "lsr_temperature" / "tiny.json").read_text())
     assert [r["dev_recall@1"] for r in again["rows"]] == [r["dev_recall@1"] for r in res["rows"]]
+    assert res["finished"] == "6 of 6 variants" and "**6 of 6 variants.**" in (
+        tmp_path / "out" / "lsr_temperature" / "tiny.md").read_text()
+    # a partial result while the study runs: --report-only trains nothing and says so
+    for folder in (tmp_path / "out" / "lsr_temperature" / "tiny_runs",
+                   tmp_path / "work" / "lsr_temperature_tiny"):
+        (folder / kept[-1].name).unlink()
+    lsr_temperature.main(argv + ["--report-only"])
+    partial = json.loads((tmp_path / "out" / "lsr_temperature" / "tiny.json").read_text())
+    assert partial["finished"] == "5 of 6 variants (partial result)" and len(partial["rows"]) == 5
+    assert not list((tmp_path / "work" / "lsr_temperature_tiny").glob("*/checkpoints"))

@@ -71,13 +71,14 @@ def run_params(retriever, fold: Fold, name: str):
     return unflatten_params(dict(np.load(path, allow_pickle=False)), retriever.params)
 
 
-def train_variants(task, fold: Fold, on_run=None) -> dict:
+def train_variants(task, fold: Fold, on_run=None, only_finished: bool = False) -> dict:
     """Every variant of the config's grid trained on the fold's train pool by the one trainer
     (:class:`~replug_jax.train.loop.LSRTrainer`, ``supervision="pool"``, each in its own
     resumable work folder under ``run_dir``), or its finished run read back when it was
     trained with the same settings: name → the run's JSON (config, temperatures, steps,
     curve, seconds and what ``task.measure`` adds); the kept parameters are in
-    ``run_dir/<slug>.npz``; ``on_run(path)`` after each run is written (its JSON's path)."""
+    ``run_dir/<slug>.npz``; ``on_run(path, runs)`` after each run is written (its JSON's
+    path, the runs so far); ``only_finished``: train nothing, return the finished runs."""
     from replug_jax.train.loop import LSRTrainer
 
     runs = {}
@@ -87,6 +88,8 @@ def train_variants(task, fold: Fold, on_run=None) -> dict:
         out = fold.run_dir / f"{slug(name)}.json"
         if out.exists() and trained_with(json.loads(out.read_text()).get("config"), v):
             runs[name] = json.loads(out.read_text())
+            continue
+        if only_finished:
             continue
         if fold.reuse_only:
             raise ValueError(f"{out}: no trained run of {name}; run the config whose work "
@@ -107,7 +110,7 @@ def train_variants(task, fold: Fold, on_run=None) -> dict:
         write_json_atomic(row, out)
         runs[name] = row
         if on_run is not None:
-            on_run(out)
+            on_run(out, runs)
     return runs
 
 
