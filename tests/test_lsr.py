@@ -276,7 +276,10 @@ def test_an_export_states_its_comparison_under_the_release_rule(tmp_path):
                         "trained": {"retriever": {"fingerprint": fp, "source": "rel"}}},
             "comparisons": [{"row": "replug@trained", "reference": "replug",
                              "metric": "answer_loglik", "difference": (low + high) / 2,
-                             "low": low, "high": high, "confidence": 0.95, "items": 40}]}))
+                             "low": low, "high": high, "confidence": 0.95, "items": 40},
+                            {"row": "top1@trained", "reference": "top1",
+                             "metric": "gold_recall", "difference": 0.02, "low": 0.01,
+                             "high": 0.03, "confidence": 0.95, "items": 40}]}))
         return path
 
     t.export(tmp_path / "rel", comparison=results(fp, 0.1, 0.5))
@@ -289,6 +292,16 @@ def test_an_export_states_its_comparison_under_the_release_rule(tmp_path):
     with pytest.raises(ValueError, match="not the base this run was trained from"):
         t.export(tmp_path / "rel", comparison=results(fp, 0.1, 0.5, base="another"))
     assert "**Not better than its base**" in (out / "README.md").read_text()  # kept
+    from replug_jax.train.export import write_retriever
+
+    from replug_jax.models.params import to_module
+
+    write_retriever(t.retriever.model, to_module(t.graphdef, t.template, t.encoder_params),
+                    tmp_path / "rel", t.cfg, 1, t.workdir, comparison=results(fp, -0.2, 0.4),
+                    metric="gold_recall", mode="top1")  # deciding on recall@1 instead
+    assert ("**Better than its base**: +0.0200 [+0.0100, +0.0300]" in (
+        out / "README.md").read_text()) and "gold_recall (top1 mode)" in (
+        out / "README.md").read_text()
     assert not (tmp_path / "rel.staged").exists()
     assert passes({"low": -0.02, "high": -0.01}, higher_is_better=False)
     assert not passes({"low": -0.02, "high": 0.01}, higher_is_better=False)

@@ -53,7 +53,8 @@ def cmd_export_retriever(args) -> int:
     from replug_jax.train.release import verdict
 
     out, step, tested = export_run(args.workdir, args.out, args.step, dtype=args.dtype,
-                                   comparison=args.comparison, metric=args.metric)
+                                   comparison=args.comparison, metric=args.metric,
+                                   mode=args.mode)
     emit(args, {"out": str(out), "step": step, "dtype": args.dtype, "comparison": tested},
          f"exported step {step} ({args.dtype}) -> {out}\n{verdict(tested)}")
     return 0
@@ -118,3 +119,6 @@ def add_parsers(sub) -> None:
                     default=None,
                     help="the comparison's deciding metric (default: answer_loglik for QA, "
                          "bits_per_byte for texts)")
+    ex.add_argument("--mode", choices=("replug", "top1", "concat", "random"), default="replug",
+                    help="the eval mode whose rows decide (default replug; top1 with "
+                         "--metric gold_recall: gold-passage recall@1)")

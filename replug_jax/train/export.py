@@ -41,8 +41,8 @@ def retriever_settings(cfg: LSRConfig) -> dict:
 
 def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
                step: int | None = None, *, dtype: str = "float16",
-               comparison: str | pathlib.Path | None = None,
-               metric: str | None = None) -> tuple[pathlib.Path, int, dict | None]:
+               comparison: str | pathlib.Path | None = None, metric: str | None = None,
+               mode: str = "replug") -> tuple[pathlib.Path, int, dict | None]:
     """The retriever of ``workdir`` as a folder in ``dtype``: the step its dev selection
     kept (a run with ``select_on``), else the newest checkpoint, or the checkpoint of
     ``step``; with ``comparison`` (``replug eval``'s ``results.json`` of this very folder
@@ -69,7 +69,7 @@ def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
         trained = encoder_params(jax.device_get(state.params))
     encoder = to_module(graphdef, template, trained)
     return write_retriever(model, encoder, out_dir, cfg, step, workdir, dtype=dtype,
-                           comparison=comparison, metric=metric)
+                           comparison=comparison, metric=metric, mode=mode)
 
 
 def check_export_target(out_dir: str | pathlib.Path, workdir: str | pathlib.Path) -> None:
@@ -90,7 +90,8 @@ def check_export_target(out_dir: str | pathlib.Path, workdir: str | pathlib.Path
 
 def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
                     workdir: str | pathlib.Path, *, dtype: str = "float16",
-                    comparison: str | pathlib.Path | None = None, metric: str | None = None):
+                    comparison: str | pathlib.Path | None = None, metric: str | None = None,
+                    mode: str = "replug"):
     """``model`` with the trained ``encoder`` in HF layout (weights in ``dtype``; two towers
     when only the query tower was trained), its ``README.md`` card and ``replug.json``;
     returns ``(path, step, comparison)``. The folder is staged and checked before it
@@ -113,7 +114,8 @@ def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
     try:
         weights = fingerprint(weight_files(resolve(staged)))
         tested = None if comparison is None else comparison_from_eval(
-            comparison, weights, metric, base_fingerprint=model.fingerprint or None)
+            comparison, weights, metric, base_fingerprint=model.fingerprint or None,
+            mode=mode)
         write_text_atomic(model_card(cfg, step, dev, workdir, staged, dtype, tested,
                                      model.pooling), staged / "README.md")
         _keep_temperature(out, staged, weights)

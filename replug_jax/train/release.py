@@ -39,12 +39,13 @@ def weight_digests(folder: str | pathlib.Path) -> dict[str, str]:
 
 
 def comparison_from_eval(results_path: str | pathlib.Path, fingerprint: str,
-                         metric: str | None = None, base_fingerprint: str | None = None
-                         ) -> dict:
+                         metric: str | None = None, base_fingerprint: str | None = None,
+                         mode: str = "replug") -> dict:
     """The paired difference of ``replug eval``'s ``results.json`` that tests the retriever
     whose weights have ``fingerprint`` against its base: the row of the compared system in
-    mode ``replug`` against the base's, on ``metric`` (default: gold-answer log-likelihood for
-    QA, bits per byte for text). Refused in one line when the file compared other weights,
+    ``mode`` (default ``replug``; ``top1`` with ``gold_recall`` is gold-passage recall@1)
+    against the base's, on ``metric`` (default: gold-answer log-likelihood for QA, bits per
+    byte for text). Refused in one line when the file compared other weights,
     or (with ``base_fingerprint``, the weights the run started from) when its reference
     system's query encoder is not that base: a verdict against another retriever is not a
     verdict against the base."""
@@ -77,20 +78,20 @@ def comparison_from_eval(results_path: str | pathlib.Path, fingerprint: str,
     metric = metric or ("answer_loglik" if report["kind"] == "qa" else "bits_per_byte")
     if metric not in HIGHER_IS_BETTER:
         raise ValueError(f"metric must be one of {sorted(HIGHER_IS_BETTER)}, got {metric!r}")
-    row = f"replug@{compared}"
-    match = [c for c in comparisons if c["row"] == row and c["reference"] == "replug"
+    row = f"{mode}@{compared}"
+    match = [c for c in comparisons if c["row"] == row and c["reference"] == mode
              and c["metric"] == metric]
     if not match:
-        raise ValueError(f"{path}: no comparison of {row} with replug on {metric}")
+        raise ValueError(f"{path}: no comparison of {row} with {mode} on {metric}")
     c = match[0]
     better = HIGHER_IS_BETTER[metric]
     return {"file": report["file"], "kind": report["kind"], "examples": report["examples"],
-            "metric": metric, "higher_is_better": better, "passes": passes(c, better),
+            "metric": metric, "mode": mode, "higher_is_better": better,
+            "passes": passes(c, better),
             "base": systems[labels[0]].get("retriever"), "k": report["settings"]["k"],
             **{key: c[key] for key in ("difference", "low", "high", "confidence", "items")},
             **({"clusters": c["clusters"]} if "clusters" in c else {}),
-            "all": [x for x in comparisons if x["reference"] == "replug"
-                    and x["row"] == row]}
+            "all": [x for x in comparisons if x["reference"] == mode and x["row"] == row]}
 
 
 def verdict(comparison: dict | None) -> str:
@@ -100,10 +101,11 @@ def verdict(comparison: dict | None) -> str:
                 "was exported (`replug export-retriever --comparison <replug eval "
                 "results.json>`); do not assume it is better than its base.")
     c = comparison
-    where = (f"{c['metric']} on {c['items']} held-out "
+    where = (f"{c['metric']}" + (f" ({c['mode']} mode)" if c.get("mode", "replug") != "replug"
+                                 else "") + f" on {c['items']} held-out "
              f"{'questions' if c['kind'] == 'qa' else 'windows'} of `{c['file']}`"
              + (f" in {c['clusters']} groups" if "clusters" in c else "")
-             + f", REPLUG k = {c['k']}")
+             + (", recall@1" if c.get("mode") == "top1" else f", REPLUG k = {c['k']}"))
     interval = (f"{c['difference']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}] "
                 f"({round(100 * c['confidence'])} % paired bootstrap interval, "
                 f"{'higher' if c['higher_is_better'] else 'lower'} is better)")
