@@ -19,6 +19,8 @@ sharded over the vocabulary, the KV cache over its kv-head axis, activations ove
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import warnings
 
@@ -51,6 +53,29 @@ LOGICAL_RULES: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("length", None),           # sequence positions
     ("head_dim", None),
 )
+
+
+_TARGET_PLATFORM = contextvars.ContextVar("replug_target_platform", default=None)
+
+
+def platform() -> str:
+    """The platform programs are traced for: the one :func:`for_target` set (compile-check
+    compiles for a TPU topology or GPUs from a CPU machine), else this process's backend.
+    Every trace-time branch on the hardware (attention's path, flash eligibility, the exact
+    search's block size, remat and precision defaults) reads this, so a compile for a target
+    compiles what the target runs."""
+    return _TARGET_PLATFORM.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def for_target(devices):
+    """Trace for ``devices``' platform (``"tpu"``, ``"gpu"``, ``"cpu"``) inside the block."""
+    kind = devices[0].platform
+    token = _TARGET_PLATFORM.set("gpu" if kind in ("cuda", "rocm") else kind)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
 
 
 def axes(*logical: str | None) -> dict:

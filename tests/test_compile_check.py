@@ -83,6 +83,40 @@ def test_compiles_for_a_tpu_topology_from_this_cpu_machine(configs, capsys):
     assert row["fraction_of_chip"] > 1 and "RESOURCE_EXHAUSTED" in row["error"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu absent: install the tpu-compile extra to compile for TPUs")
+def test_a_tpu_target_is_compiled_with_the_accelerator_code_paths(configs, capsys,
+                                                                  monkeypatch):
+    """Issue 68: on this CPU machine, a TPU target traces the accelerator's attention (query
+    chunks, not the CPU's blocked kernel) and the accelerator's exact-search block size;
+    the local devices still trace the CPU's."""
+    from replug_jax.models import layers
+    from replug_jax.retrieval import jax_search
+    from replug_jax.sharding import for_target, platform
+
+    traced = []
+    for name in ("_query_chunked", "_blocked_attention"):
+        real = getattr(layers, name)
+        monkeypatch.setattr(layers, name,
+                            lambda *a, _n=name, _f=real: traced.append(_n) or _f(*a))
+    code, _ = _run(configs, capsys, "--topology", "v5e:2x2", "--programs", "lm_score")
+    assert code == 0 and traced and set(traced) == {"_query_chunked"}, traced
+    traced.clear()
+    code, _ = _run(configs, capsys, "--programs", "lm_score", "--mesh", "data=2,model=4")
+    assert code == 0 and set(traced) == {"_blocked_attention"}, traced
+    assert platform() == "cpu"
+    import jax
+    from jax.experimental import topologies
+
+    tpu = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
+    big = 1 << 26  # corpus rows whose [n, 64] float32 scores exceed the CPU's block
+    with for_target(tpu):
+        assert platform() == "tpu"
+        assert jax_search.block_rows(64, big) > jax_search.block_rows(64, big,
+                                                                       scores_bytes=1 << 29)
+    assert platform() == jax.default_backend() == "cpu"
+
+
 def test_a_topology_without_libtpu_or_unknown_is_one_line(configs, capsys):
     code = main(["compile-check", "--lm-config", str(configs / "lm.json"), "--topology",
                  "v9z:7x7"])

@@ -101,6 +101,7 @@ def cmd_compile_check(args) -> int:
     from replug_jax.fileio import write_json_atomic
     from replug_jax.lm.memory import read_lm_config
     from replug_jax.models.bert import BertConfig
+    from replug_jax.sharding import for_target
 
     _check_args(args)
     lm_cfg = read_lm_config(args.lm_config)
@@ -125,16 +126,17 @@ def cmd_compile_check(args) -> int:
     wanted |= set(LM_PROGRAMS) if "lm" in wanted else set()
     wanted |= set(RETRIEVER_PROGRAMS) if "retriever" in wanted else set()
     programs, missing_costs = {}, {}
-    if wanted & set(LM_PROGRAMS):
-        programs.update(cc.lm_programs(lm_cfg, mesh, args.dtype, shapes))
-        missing_costs = cc.layer_costs(lm_cfg, mesh, args.dtype, shapes)
-    if wanted & set(RETRIEVER_PROGRAMS):
-        programs.update(cc.retriever_programs(bert_cfg, mesh, shapes,
-                                              remat=not args.no_remat))
-    programs = {name: fn for name, fn in programs.items() if name in wanted}
-    rows = cc.compile_check(programs, memory, args.headroom, progress=not args.json,
-                            chip=getattr(devices[0], "device_kind", ""),
-                            missing_costs=missing_costs)
+    with for_target(devices):  # the target's code paths, not this machine's
+        if wanted & set(LM_PROGRAMS):
+            programs.update(cc.lm_programs(lm_cfg, mesh, args.dtype, shapes))
+            missing_costs = cc.layer_costs(lm_cfg, mesh, args.dtype, shapes)
+        if wanted & set(RETRIEVER_PROGRAMS):
+            programs.update(cc.retriever_programs(bert_cfg, mesh, shapes,
+                                                  remat=not args.no_remat))
+        programs = {name: fn for name, fn in programs.items() if name in wanted}
+        rows = cc.compile_check(programs, memory, args.headroom, progress=not args.json,
+                                chip=getattr(devices[0], "device_kind", ""),
+                                missing_costs=missing_costs)
     report = {"target": args.topology or f"{len(devices)} local {devices[0].platform} "
                                           "device(s)",
               "device_kind": getattr(devices[0], "device_kind", ""),

@@ -26,6 +26,7 @@ from replug_jax.sharding import (
     check_heads,
     logical_sharding,
     param_shardings,
+    platform,
     put_global,
 )
 
@@ -38,7 +39,7 @@ CACHE_AXES = {"k": ("layers", "batch", "kv_heads", "length", "head_dim"),
 def matmul_precision(dtype) -> str | None:
     """``"highest"`` where float32 is claimed on an accelerator: TF32 (GPU) and single bf16
     passes (TPU) are XLA's defaults there, and are not float32."""
-    if jnp.dtype(dtype) == jnp.float32 and jax.default_backend() != "cpu":
+    if jnp.dtype(dtype) == jnp.float32 and platform() != "cpu":
         return "highest"
     return None
 

@@ -38,7 +38,7 @@ from flax import nnx
 from flax.nnx import spmd
 
 from replug_jax.models.layers import attention, flash_attention, flash_supported, fused_linear
-from replug_jax.sharding import axes
+from replug_jax.sharding import axes, platform
 
 # Projections of one input are fused into one matmul from this many tokens per call on
 # (prefill, scoring); decoding steps keep one matmul per weight (see fused_linear).
@@ -213,7 +213,7 @@ def configure_attention(model: nnx.Module, model_axis: int) -> bool:
     for _, module in nnx.iter_modules(model):
         if isinstance(module, Attention):
             module.fused_ok = ok
-    if not ok and jax.default_backend() == "gpu":
+    if not ok and platform() == "gpu":
         warnings.warn(f"model axis {model_axis} does not divide the {model.cfg.num_kv_heads} "
                       "kv heads (replicated): attention runs XLA's kernels, not cuDNN's fused "
                       "one", stacklevel=2)

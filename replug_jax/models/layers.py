@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from replug_jax.sharding import platform
+
 
 @jax.custom_vjp
 def dense(x_NI, w_IO, b_O=None):
@@ -101,7 +103,7 @@ ACCEL_BLOCK_BYTES = 256 << 20
 def flash_supported(q_BLHD) -> bool:
     """Whether cuDNN's fused attention takes these queries: a GPU, 16-bit floats, a head
     width that is a multiple of 8 up to 128 (static: decided at trace time)."""
-    return (jax.default_backend() == "gpu" and q_BLHD.dtype in (jnp.bfloat16, jnp.float16)
+    return (platform() == "gpu" and q_BLHD.dtype in (jnp.bfloat16, jnp.float16)
             and q_BLHD.shape[-1] % 8 == 0 and q_BLHD.shape[-1] <= 128)
 
 
@@ -126,7 +128,7 @@ def attention(q_BHMD, k_BHSD, v_BHSD, mask_BXMS):
     (a custom VJP that recomputes the probabilities from the saved row maxima and sums, as
     FlashAttention does, instead of saving them); elsewhere in one pass that XLA fuses.
     """
-    if jax.default_backend() != "cpu":
+    if platform() != "cpu":
         return _query_chunked(q_BHMD, k_BHSD, v_BHSD, mask_BXMS, ACCEL_BLOCK_BYTES)
     b, h, m, _ = q_BHMD.shape
     per_row = h * m * k_BHSD.shape[2] * 4

@@ -19,7 +19,7 @@ from replug_jax.retrieval.search import (
     per_query_exclusions,
 )
 from replug_jax.retrieval.store import PassageStore
-from replug_jax.sharding import host_copy, replicate
+from replug_jax.sharding import host_copy, platform, replicate
 
 
 # the memory one block of the exact search may hold (its float32 scores and its copy of the
@@ -34,7 +34,7 @@ def storage_dtype(backend: str | None = None) -> str:
     float32 on CPU, where XLA's bfloat16 matmul converts and runs at about half the float32
     speed (``benches/results/sharded_topk.md``); bfloat16 on accelerators, which read half the
     bytes and multiply bfloat16 natively."""
-    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+    return "float32" if (backend or platform()) == "cpu" else "bfloat16"
 
 
 def block_rows(num_queries: int, n: int, row_bytes: int = 0,
@@ -45,7 +45,7 @@ def block_rows(num_queries: int, n: int, row_bytes: int = 0,
     else as many as fit with their scores and the window's copy of the rows (``row_bytes``
     each; XLA copies a window out of the corpus), a whole number of bins."""
     if scores_bytes is None:
-        scores_bytes = (CPU_BLOCK_BYTES if jax.default_backend() == "cpu"
+        scores_bytes = (CPU_BLOCK_BYTES if platform() == "cpu"
                         else ACCELERATOR_BLOCK_BYTES)
     if 4 * num_queries * n <= scores_bytes:
         return n

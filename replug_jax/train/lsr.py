@@ -19,6 +19,7 @@ import optax
 from replug_jax.core.losses import lsr_distributions, lsr_loss, marginal_nll_loss
 from replug_jax.models.bert import embed
 from replug_jax.models.params import split_params, to_module  # noqa: F401 (re-exported)
+from replug_jax.sharding import platform
 from replug_jax.train.spec import ObjectiveConfig
 
 
@@ -99,7 +100,7 @@ def resolve_remat(remat: bool | None, backend: str | None = None) -> bool:
     """``remat`` as set, or (None) on where the backend is an accelerator."""
     if remat is not None:
         return bool(remat)
-    return (backend or jax.default_backend()) != "cpu"
+    return (backend or platform()) != "cpu"
 
 
 def make_train_step(graphdef, template, objective: ObjectiveConfig,
