@@ -60,3 +60,50 @@ def test_train_lsr_runs_a_pool_design_from_files_as_in_process(tmp_path, capsys)
     assert settings["passage_encoder"] == "passage_encoder"
     card = (tmp_path / "release" / "README.md").read_text()
     assert f"steps: {cli['best_step']} of 4" in card and "the query tower alone" in card
+
+
+def test_train_lsr_selects_on_recall_at_1_of_its_own_questions_over_an_index(tmp_path, capsys):
+    """select_on="recall@1" from the command line: the recall@1 of `recall_data` (questions
+    apart from the dev pool's, costing no LM pair) over an index the base built; the dev pool
+    guards the choice."""
+    from replug_jax.cli import main
+    from replug_jax.retrieval.encoder import Retriever
+
+    folder = save_tiny_bert(tmp_path / "bert")
+    retriever = Retriever.load(str(folder), max_length=32, query_max_length=16)
+    tiny_pool((tiny_lm(0), retriever), tmp_path / "pool")
+    examples = pool_examples()
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"id": e.id, "question": e.query,
+                                        "answer": e.continuation.strip()}) + "\n"
+                            for e in examples))
+    recall = tmp_path / "recall.jsonl"  # each question's gold document, by the corpus's id
+    recall.write_text("".join(json.dumps({"id": f"r{i}", "question": e.query, "answer": "x",
+                                          "gold_doc": g}) + "\n"
+                              for i, (e, g) in enumerate(zip(examples, (0, 1, 3, 4)))))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
+                              for i, t in enumerate(FACTS)))
+    assert main(["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"),
+                 "--retriever", str(folder), "--max-length", "32", "--json"]) == 0
+    capsys.readouterr()
+    design = dict(supervision="pool", train_pool=str(tmp_path / "pool"),
+                  dev_pool=str(tmp_path / "pool"), data=str(data), dev_data=str(data),
+                  recall_data=str(recall), corpus=str(tmp_path / "idx"),
+                  retriever=str(folder), lm="tiny", towers="query", objective="kl",
+                  direction="retriever_to_lm", gamma=0.1, beta=1.0, k=2, total_steps=4,
+                  batch_size=2, eval_every=2, select_on="recall@1", learning_rate=3e-3,
+                  warmup_ratio=0.0, query_max_length=16, doc_max_length=32, num_devices=1)
+    (tmp_path / "lsr.json").write_text(json.dumps({"configs": {"registered": design}}))
+    assert main(["train-lsr", "--config", f"{tmp_path / 'lsr.json'}:registered",
+                 "--workdir", str(tmp_path / "run"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [p["step"] for p in out["curve"]] == [0, 2, 4]
+    assert all(0 <= p["dev_recall@1"] <= 1 for p in out["curve"])
+    assert all(p["dev_recall@1"] * 4 == round(p["dev_recall@1"] * 4) for p in out["curve"])
+    bad = tmp_path / "nogold.jsonl"
+    bad.write_text(json.dumps({"question": "q?", "answer": "a"}) + "\n")
+    (tmp_path / "bad.json").write_text(json.dumps({**design, "recall_data": str(bad)}))
+    assert main(["train-lsr", "--config", str(tmp_path / "bad.json"),
+                 "--workdir", str(tmp_path / "bad")]) == 2
+    assert "gold_doc on every question of recall_data" in capsys.readouterr().err

@@ -104,7 +104,8 @@ def _pool_trainer(cfg: LSRConfig, workdir, retriever, progress: bool) -> LSRTrai
     wrote, their examples those of ``data``/``dev_data`` in order), the passages of
     ``corpus``; with ``select_on="recall@1"`` the corpus must be an index folder built by the
     base retriever (the query tower alone learns, so its passage vectors stay valid), which
-    the dev questions' recall@1 is read from. No LM is loaded."""
+    the recall@1 of ``recall_data`` (default: the dev questions) is read from. No LM is
+    loaded."""
     import numpy as np
 
     from replug_jax.retrieval import Index
@@ -128,10 +129,12 @@ def _pool_trainer(cfg: LSRConfig, workdir, retriever, progress: bool) -> LSRTrai
             raise ValueError("select_on='recall@1' from an index needs towers='query' (a "
                              "shared encoder would make the index's passage vectors stale)")
         index = Index.load(cfg.corpus, expect_encoder=retriever.identity)
-        gold = resolve_gold(dev, passages if isinstance(passages, PassageStore)
+        questions = qa_examples(cfg.recall_data, shots) if cfg.recall_data else dev
+        gold = resolve_gold(questions, passages if isinstance(passages, PassageStore)
                             else PassageStore.from_passages(passages))
         if any(e.gold_doc is None for e in gold):
-            raise ValueError("select_on='recall@1' needs a gold_doc on every dev example")
+            raise ValueError("select_on='recall@1' needs a gold_doc on every question of "
+                             + ("recall_data" if cfg.recall_data else "dev_data"))
 
         def dev_recall(params) -> float:
             hits = index.search(retriever.encode_queries([e.query for e in gold], params), 1)

@@ -28,6 +28,7 @@ class LSRConfig:
         "supervision": {"kind": "supervision", "train_pool": "train_pool",
                         "dev_pool": "dev_pool", "towers": "towers", "shuffle_q": "shuffle_q"},
         "selection": {"metric": "select_on", "patience": "patience", "every": "eval_every",
+                      "recall_data": "recall_data",
                       "tau": "eval_tau", "tau_grid": "tau_grid", "beta_grid": "beta_grid"},
         "optim": {f.name: f.name for f in dataclasses.fields(OptimConfig)},
         "lm": {"name": "lm", "api_base": "lm_api_base", "api_concurrency": "lm_api_concurrency",
@@ -114,6 +115,10 @@ class LSRConfig:
     # stopping (0: never stop early)
     select_on: Literal["last", "pool_loglik", "recall@1"] = "last"
     patience: int = 0
+    # select_on="recall@1" from `replug train-lsr`: the questions (JSONL with gold_doc) whose
+    # recall@1 over the index selects the step ("": dev_data, the dev pool's own questions);
+    # thousands of them cost no LM pair, where the dev pool's every question is LM-scored
+    recall_data: str = ""
     # τ of λ on the dev curve (§3.2: 1); 0: fitted on the dev pool at each evaluation over
     # tau_grid (the τ an end-to-end test with a fitted τ uses)
     eval_tau: float = 0.0
@@ -295,7 +300,8 @@ class LSRConfig:
 
 # fields added with pool supervision and the temperatures as research variables (issue 65, 66)
 LATER_FIELDS = ("gamma_learning_rate", "supervision", "train_pool", "dev_pool", "towers",
-                "shuffle_q", "select_on", "patience", "eval_tau", "tau_grid", "beta_grid")
+                "shuffle_q", "select_on", "patience", "eval_tau", "tau_grid", "beta_grid",
+                "recall_data")
 
 
 def apply_overrides(cfg: LSRConfig, overrides: list[str]) -> LSRConfig:
