@@ -230,7 +230,8 @@ def test_the_worked_example_on_your_own_data_runs_start_to_finish(tmp_path):
             done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
             assert done.returncode == 0, (argv[2:], done.stderr[-2000:])
     work = tmp_path / "work"
-    tau = json.loads((work / "idx" / "retrieval_temperature.json").read_text())
+    [tau] = json.loads((work / "idx" / "retrieval_temperature.json").read_text())[
+        "fits"].values()  # one query encoder fitted on this index
     ev = json.loads((work / "eval" / "results.json").read_text())
     assert ev["systems"]["base"]["retrieval_temperature"] == tau["temperature"]
     assert "fitted on docs/example/dev.jsonl" in ev["systems"]["base"][
