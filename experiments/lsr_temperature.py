@@ -40,6 +40,7 @@ from experiments.lsr_qa import QATask, pool_scores, retrieve
 from replug_jax.config import apply_overrides
 from replug_jax.eval.stats import paired_bootstrap
 from replug_jax.fileio import atomic_path
+from replug_jax.train.config import LSRConfig
 from replug_jax.train.pool import (
     embed_pool,
     fit_tau,
@@ -317,7 +318,10 @@ def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: i
              f"{base['dev_recall@1']:.3f}, dev-pool log-likelihood "
              f"{base['dev_pool_loglik']:.3f} at τ = "
              f"{base['dev_tau']:g}; fitted on the dev pool: τ = {base_fit.get('tau')}, "
-             f"β = {base_fit.get('beta')}. Each run's step is kept by {cfg.select_on} on "
+             f"β = {base_fit.get('beta')}"
+             + (" (on a bound of beta_grid: the mean KL(P_R‖Q) still falls there)"
+                if base_fit.get("beta") in (min(LSRConfig.beta_grid), max(LSRConfig.beta_grid))
+                else "") + f". Each run's step is kept by {cfg.select_on} on "
              "these same dev questions (optimistic: for choosing what to register, not a "
              "result). Entropies (nats; uniform over k = "
              f"{k}: {ent['uniform']:.3f}) of P_R over the base's top-k on the train "
