@@ -210,6 +210,7 @@ def plot(rows: list[dict], cfg, path: pathlib.Path) -> str | None:
                                 "dev-pool gold-answer log-likelihood (τ fitted), LSR − base")):
         ax.axhline(0, color="grey", lw=0.8, ls="--")
         ax.set_xticks(range(len(xs)), xs)
+        ax.set_xlim(-0.5, len(xs) - 0.5)
         ax.set_xlabel("γ (retriever temperature in training)")
         ax.set_title(title, fontsize=9)
     axes[0].legend(fontsize=8)
