@@ -120,6 +120,13 @@ def test_qa_rows_equal_direct_scoring_differences_are_paired_and_a_rerun_resumes
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").open()]
     replug = [r for r in records if r["mode"] == "replug"]
     assert sum("gold_hit" in r for r in replug) == 3
+    # each record names its example, its gold answers, the passages and their weights λ
+    first = next(r for r in replug if r["i"] == 0)
+    assert (first["id"], first["question"], first["answers"]) == ("a", QA[0]["question"],
+                                                                  ["Lindholm"])
+    assert len(first["doc_ids"]) == 2 and sum(first["weights"]) == pytest.approx(1, abs=1e-5)
+    assert "prediction" in first and "doc_ids" not in next(r for r in records
+                                                          if r["mode"] == "none")
     assert rows["replug"]["gold_recall_at_k"] == pytest.approx(
         np.mean([r["gold_hit"] for r in replug if "gold_hit" in r]))
     # each comparison is the difference of the two rows' means, clustered by the 3 groups

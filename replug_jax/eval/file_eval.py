@@ -118,7 +118,8 @@ def qa_rows(data: EvalData, systems: dict, settings: EvalSettings, records: path
                              partial=records, label=f"{names[mode]}:"
                              f"{system_key(data, pipe, settings, mode)}",
                              row_names={mode: names[mode]}, progress=progress,
-                             batch_size=settings.batch_size)
+                             batch_size=settings.batch_size,
+                             ids=[it.id for it in data.items])
             rows.update(ev.run(pipe))
             per_item.update(ev.records)
     return rows, per_item

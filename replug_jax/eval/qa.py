@@ -137,6 +137,7 @@ class QAEvaluator:
     progress: bool = True
     name: str = "qa"
     batch_size: int = 1  # questions per LM call (scoring, and generation)
+    ids: Sequence[str] | None = None  # each question's id, written into its records
     records: dict = dataclasses.field(default_factory=dict, init=False)
 
     def __post_init__(self):
@@ -173,14 +174,20 @@ class QAEvaluator:
         texts = [prompts[i][1] for i in idx]
         # the paper's layout (document, then demonstrations) as prefixes: any pipe takes them
         shared = {"prefixes": prefixes} if any(prefixes) else {}
-        recs = [{"loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
-                for _ in idx]
+        # each record names its example, as lm-eval-harness's --log_samples does
+        recs = [{**({"id": str(self.ids[i])} if self.ids is not None else {}),
+                 "question": self.questions[i], "answers": list(self.answers[i]),
+                 "loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
+                for i in idx]
         if self.likelihood:
             gold = [answer_continuation(a[0], self.layout) for a in answers]
             scored = pipe.score(texts, gold, questions, mode=mode,
                                 reliance=False, **shared)
             for rec, i, s in zip(recs, idx, scored):
                 rec.update(loglik=s.loglik, cost=_share(s.cost, len(idx)))
+                if mode != "none":  # the passages retrieved and their weights λ
+                    rec.update(doc_ids=[int(d) for d in s.doc_ids],
+                               weights=[round(float(w), 6) for w in s.weights])
                 if mode != "none" and self.gold_doc is not None and i in self.gold_doc:
                     gold = self.gold_doc[i]  # a passage id, or every passage of one document
                     gold = set(gold) if isinstance(gold, (tuple, list, set)) else {gold}
