@@ -359,6 +359,11 @@ def test_fit_tau_is_the_cache_fit_and_for_index_applies_it_to_its_encoder_only(t
     assert fit["temperature"] == pytest.approx(expected["temperature"], rel=1e-6)
     assert fit["loglik_per_example_at_fit"] >= fit["loglik_per_example_at_1"] - 1e-9
     assert fit["scored"] == 4 and "cross_fitted_loglik_per_example" in fit
+    g = fit["gain_over_tau_1"]  # paired: the mean gain is the difference of the means
+    assert g["difference"] == pytest.approx(fit["cross_fitted_loglik_per_example"]
+                                            - fit["loglik_per_example_at_1"], abs=1e-6)
+    assert g["low"] <= g["difference"] <= g["high"] and g["resampled"] == "groups"
+    assert len(fit["cross_fitted_at_bound"]) == 2
     # stored beside an index on disk, used by for_index for the same query encoder
     folder = save_tiny_bert(tmp_path / "bert", seed=0)
     retriever = Retriever.load(str(folder))

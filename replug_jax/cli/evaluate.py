@@ -149,7 +149,14 @@ def _card_text(fit: dict) -> str:
     if "cross_fitted_loglik_per_example" in fit:
         lines.append(f"cross-fitted (2 folds, each scored at the other's τ: "
                      f"{', '.join(f'{t:.3g}' for t in fit['cross_fitted_temperatures'])}): "
-                     f"{fit['cross_fitted_loglik_per_example']:.4f}")
+                     f"{fit['cross_fitted_loglik_per_example']:.4f}"
+                     + (" (a fold's fit at a bound of the search)"
+                        if any(fit["cross_fitted_at_bound"]) else ""))
+        g = fit["gain_over_tau_1"]
+        lines.append(f"gain over τ = 1 on examples the fit did not see: "
+                     f"{g['difference']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}] per example "
+                     f"({round(100 * g['confidence'])} % paired bootstrap over "
+                     f"{g.get('clusters', g['items'])} {g['resampled']})")
     return "\n".join(lines)
 
 

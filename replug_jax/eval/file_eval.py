@@ -340,6 +340,17 @@ def fit_temperature_on_file(data: EvalData, pipe, settings: EvalSettings,
            "loglik_per_example_at_fit": fit["loglik"] / n}
     if n >= 4:
         held, taus = cross_fit_logliks(cache, folds=2, seed=settings.seed, bounds=bounds)
+        groups = data.groups if data.kind == "qa" else None
+        clustered = groups is not None and len(set(groups)) > 1
+        # the gain of the fit over τ = 1 on examples it was not fitted on, paired
+        gain = paired_bootstrap(held, mixture_logliks(cache, 1.0),
+                                clusters=groups if clustered else None,
+                                confidence=settings.confidence, resamples=settings.resamples,
+                                seed=settings.seed)
         out.update(cross_fitted_loglik_per_example=float(held.sum() / n),
-                   cross_fitted_temperatures=taus)
+                   cross_fitted_temperatures=taus,
+                   cross_fitted_at_bound=[bool(min(abs(math.log(t / b)) for b in bounds)
+                                               < 1e-3) for t in taus],
+                   gain_over_tau_1={**gain, "resampled": "groups" if clustered else
+                                    ("questions" if data.kind == "qa" else "windows")})
     return out
