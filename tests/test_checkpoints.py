@@ -17,13 +17,18 @@ def check_release_rule(folder: pathlib.Path) -> None:
     """A card with weights leads with "Better than its base" and an interval excluding zero
     in the retriever's favour (below zero for bits per byte; above zero where the card says
     higher is better); a card without weights leads with "Not better than its base"."""
-    card = (folder / "MODEL_CARD.md").read_text()
+    # a study's card (MODEL_CARD.md), or the card `replug export-retriever` writes
+    # (README.md: its metadata block, its title, then the verdict)
+    path = folder / "MODEL_CARD.md"
+    card = (path if path.exists() else folder / "README.md").read_text()
+    if card.startswith("---\n"):
+        card = card.split("\n---\n", 1)[1].lstrip()
     body = card.split("\n", 1)[1].lstrip()
     weights = folder / "model.safetensors"
     if not weights.exists():
         assert body.startswith("**Not better than its base.**"), folder
         return
-    assert body.startswith("Better than its base"), folder
+    assert body.removeprefix("**").startswith("Better than its base"), folder
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
     assert digest in card, f"{folder}: the card lacks the weights' SHA-256 {digest}"
     interval = re.search(r"\[([−+-][\d.]+), ([−+-][\d.]+)\]", body)

@@ -285,6 +285,9 @@ def test_an_export_states_its_comparison_under_the_release_rule(tmp_path):
     t.export(tmp_path / "rel", comparison=results(fp, 0.1, 0.5))
     assert "**Better than its base**: +0.3000 [+0.1000, +0.5000]" in (
         out / "README.md").read_text()
+    from tests.test_checkpoints import check_release_rule
+
+    check_release_rule(out)  # the rule checkpoints/ is held to, on the CLI's own card
     t.export(tmp_path / "rel", comparison=results(fp, -0.2, 0.4))
     assert "**Not better than its base**" in (out / "README.md").read_text()
     with pytest.raises(ValueError, match="whose weights are not these"):
