@@ -82,18 +82,32 @@ def test_towers_load_in_transformers_and_sentence_transformers(release):
             TEXTS), ours, atol=F16)
 
 
+def _trained_query_run(tmp_path):
+    """A finished pool run that trained the query tower of a saved tiny BERT: (its work
+    folder, the base retriever, the kept query parameters)."""
+    from replug_jax.retrieval.encoder import Retriever
+    from tests._models import save_tiny_bert, tiny_lm
+    from tests._pools import pool_trainer
+
+    folder = save_tiny_bert(tmp_path / "bert")
+    base = Retriever.load(str(folder), max_length=32)
+    trainer = pool_trainer((tiny_lm(0), base), tmp_path, towers="query", retriever=str(folder),
+                           query_max_length=16, doc_max_length=32, learning_rate=3e-3)
+    trainer.run()
+    return tmp_path / "run", base, trainer.best_params()[1]
+
+
 def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
-    """What `lsr_qa` writes when its rule passes: the two towers, τ in replug.json, a card
-    with the numbers and the SHA-256 of both weight files."""
+    """What `lsr_qa` writes when its rule passes, through the writer `replug export-retriever`
+    uses: the chosen run's kept step as two towers, τ in replug.json, a card led by the
+    study's numbers with the SHA-256 of both weight files."""
     import hashlib
 
     from experiments.lib import lsr_qa_report, pool_study
     from experiments.configs.lsr_qa import CONFIGS
-    from replug_jax.models.params import split_params
     from replug_jax.retrieval.encoder import Retriever
 
-    base, trained = tiny_retriever(0), tiny_retriever(1)
-    _, _, params = split_params(trained.model.encoder)
+    run, base, kept = _trained_query_run(tmp_path)
     cfg = dataclasses.replace(CONFIGS["tiny"], release=str(tmp_path / "rel"))
     diff = {"difference": 0.5, "low": 0.2, "high": 0.8}
     rows = {"chosen": {"tau": 0.05, "test_loglik": -3.2, "vs_base": diff, "recall@1": 0.6,
@@ -101,12 +115,12 @@ def test_the_qa_study_writes_its_release_as_two_towers(tmp_path):
     payload = {"chosen": "chosen", "systems": rows, "questions": {"test": 3},
                "articles": {"test": 1}, "datastore_passages": 20}
     settings, card = lsr_qa_report.card(cfg, base, payload)
-    out = pool_study.release(base, jax.device_get(params), cfg.release, settings, card)
+    out = pool_study.release(run, cfg.release, settings, card)
     back = Retriever.load(str(out))
     assert back.retrieval_temperature == 0.05
-    np.testing.assert_allclose(back.encode_queries(TEXTS), trained.encode_queries(TEXTS),
-                               atol=F16)
-    card = (out / "MODEL_CARD.md").read_text()
+    np.testing.assert_allclose(back.encode_queries(TEXTS),
+                               base.encode_queries(TEXTS, params=kept), atol=F16)
+    card = (out / "README.md").read_text()
     digest = hashlib.sha256((out / "passage_encoder" / "model.safetensors").read_bytes())
     assert digest.hexdigest() in card and "+0.500 [+0.200, +0.800]" in card
     from tests.test_checkpoints import check_release_rule
@@ -147,11 +161,9 @@ def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
 
     from experiments import lsr_study
     from experiments.lib import lsr_study_report, pool_study
-    from replug_jax.models.params import split_params
     from replug_jax.retrieval.encoder import Retriever
 
-    base, trained = tiny_retriever(0), tiny_retriever(1)
-    _, _, params = split_params(trained.model.encoder)
+    run, base, kept = _trained_query_run(tmp_path)
     cfg = dataclasses.replace(lsr_study.CONFIGS["tiny"], towers="query",
                               release=str(tmp_path / "rel"))
     payload = {"chosen": "chosen",
@@ -162,15 +174,13 @@ def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
                "variants": {"chosen": {"best_step": 4, "steps_run": 6}},
                "examples": {"train": 6, "dev": 3, "test": 3}}
     settings, card = lsr_study_report.card(cfg, payload, 20, base.similarity)
-    pool_study.release(base, jax.device_get(params), cfg.release, settings, card,
-                       towers=cfg.towers)
-    out = tmp_path / "rel"
+    out = pool_study.release(run, cfg.release, settings, card)
     back = Retriever.load(str(out))
-    np.testing.assert_allclose(back.encode_queries(TEXTS), trained.encode_queries(TEXTS),
-                               atol=F16)
+    np.testing.assert_allclose(back.encode_queries(TEXTS),
+                               base.encode_queries(TEXTS, params=kept), atol=F16)
     np.testing.assert_allclose(back.encode_passages(TEXTS), base.encode_passages(TEXTS),
                                atol=F16)
-    card = (out / "MODEL_CARD.md").read_text()
+    card = (out / "README.md").read_text()
     for name in ("model.safetensors", "passage_encoder/model.safetensors"):
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() in card
     assert "Query tower only" in card and "-0.0200 [-0.0300, -0.0100]" in card

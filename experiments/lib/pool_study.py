@@ -22,7 +22,6 @@ A task is a class with:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import pathlib
 from typing import Callable
@@ -114,36 +113,19 @@ def train_variants(task, fold: Fold, on_run=None, only_finished: bool = False) -
     return runs
 
 
-def release(retriever, params, out_dir, settings: dict, card: str, *,
-            towers: str = "query") -> pathlib.Path:
-    """A study's released retriever in float16 with its card, and the weights' SHA-256 added
-    to the card. ``towers="query"``: two towers (the trained query encoder, the base passage
-    encoder in ``passage_encoder/``), so a datastore embedded by the base still serves it;
-    else one encoder for both."""
-    from replug_jax.models.params import split_params, to_module
+def release(run_dir: pathlib.Path, out_dir, settings: dict, card: str) -> pathlib.Path:
+    """A study's chosen run released by the writer every user runs (`replug
+    export-retriever`): its kept step in float16 (two towers when the query tower alone
+    learned), the weights' SHA-256 in the card, which the study's result (``card`` below
+    its title) leads, and the τ fitted on dev in ``replug.json``."""
+    from replug_jax.train.export import export_run, record_temperature
 
-    graphdef, template, _ = split_params(retriever.model.encoder)
-    trained = dataclasses.replace(retriever.model,
-                                  encoder=to_module(graphdef, template, params))
-    if towers == "query":
-        from replug_jax.train.export import write_two_towers
-
-        out = pathlib.Path(write_two_towers(trained, retriever.model, out_dir, settings, card))
-        files = ("model.safetensors", "passage_encoder/model.safetensors")
-    else:
-        from safetensors.numpy import load_file, save_file
-
-        from replug_jax.models import export_retriever
-
-        out = pathlib.Path(export_retriever(trained, out_dir, {
-            "MODEL_CARD.md": card, "replug.json": json.dumps(settings, indent=2) + "\n"}))
-        weights = out / "model.safetensors"
-        save_file({k: v.astype(np.float16) for k, v in load_file(weights).items()}, weights)
-        files = ("model.safetensors",)
-    with open(out / "MODEL_CARD.md", "a") as f:
-        f.write("\nWeights (float16 safetensors), SHA-256:\n\n" + "".join(
-            f"- `{name}`: `{hashlib.sha256((out / name).read_bytes()).hexdigest()}`\n"
-            for name in files))
+    body = card.split("\n", 1)[1] if card.startswith("# ") else card
+    out, _, _ = export_run(run_dir, out_dir, lead=body)
+    if settings.get("temperature"):
+        record_temperature(out, settings["temperature"], settings.get("temperature_fit", {}),
+                           f"τ = {settings['temperature']:g}, fitted by the study on its dev "
+                           "questions (REPLUG then uses it by default).")
     return out
 
 
@@ -175,6 +157,6 @@ def run_study(task_type, argv, doc: str, configs: dict) -> None:
     payload.update(seconds=sw.seconds, provenance=provenance())
     if payload["passes"] and cfg.release and params is not None:
         settings, card = task.card(payload)
-        payload["released"] = str(release(task.retriever, params, cfg.release, settings, card,
-                                          towers=cfg.towers))
+        payload["released"] = str(release(fold.run_dir / slug(payload["chosen"]),
+                                          cfg.release, settings, card))
     task.report(payload)

@@ -42,12 +42,14 @@ def retriever_settings(cfg: LSRConfig) -> dict:
 def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
                step: int | None = None, *, dtype: str = "float16",
                comparison: str | pathlib.Path | None = None, metric: str | None = None,
-               mode: str = "replug") -> tuple[pathlib.Path, int, dict | None]:
+               mode: str = "replug", lead: str | None = None
+               ) -> tuple[pathlib.Path, int, dict | None]:
     """The retriever of ``workdir`` as a folder in ``dtype``: the step its dev selection
     kept (a run with ``select_on``), else the newest checkpoint, or the checkpoint of
     ``step``; with ``comparison`` (``replug eval``'s ``results.json`` of this very folder
     against its base) the card states the result and whether it passes the release rule.
-    A run that trained the query tower alone (``towers="query"``) is written as two towers.
+    A run that trained the query tower alone (``towers="query"``) is written as two towers;
+    ``lead``: a study's own result, which then leads the card in place of the comparison.
     Returns ``(path, step, comparison or None)``."""
     workdir = pathlib.Path(workdir)
     cfg = saved_config(workdir)
@@ -69,7 +71,7 @@ def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
         trained = encoder_params(jax.device_get(state.params))
     encoder = to_module(graphdef, template, trained)
     return write_retriever(model, encoder, out_dir, cfg, step, workdir, dtype=dtype,
-                           comparison=comparison, metric=metric, mode=mode)
+                           comparison=comparison, metric=metric, mode=mode, lead=lead)
 
 
 def check_export_target(out_dir: str | pathlib.Path, workdir: str | pathlib.Path) -> None:
@@ -91,7 +93,7 @@ def check_export_target(out_dir: str | pathlib.Path, workdir: str | pathlib.Path
 def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
                     workdir: str | pathlib.Path, *, dtype: str = "float16",
                     comparison: str | pathlib.Path | None = None, metric: str | None = None,
-                    mode: str = "replug"):
+                    mode: str = "replug", lead: str | None = None):
     """``model`` with the trained ``encoder`` in HF layout (weights in ``dtype``; two towers
     when only the query tower was trained), its ``README.md`` card and ``replug.json``;
     returns ``(path, step, comparison)``. The folder is staged and checked before it
@@ -117,7 +119,7 @@ def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
             comparison, weights, metric, base_fingerprint=model.fingerprint or None,
             mode=mode)
         write_text_atomic(model_card(cfg, step, dev, workdir, staged, dtype, tested,
-                                     model.pooling), staged / "README.md")
+                                     model.pooling, lead), staged / "README.md")
         _keep_temperature(out, staged, weights)
     except BaseException:
         import shutil
@@ -202,7 +204,8 @@ def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dic
 
 
 def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pathlib.Path,
-               dtype: str, comparison: dict | None, pooling: str = "mean") -> str:
+               dtype: str, comparison: dict | None, pooling: str = "mean",
+               lead: str | None = None) -> str:
     """A release's ``README.md``: metadata, the verdict against its base (the release rule
     of :mod:`replug_jax.train.release`), how it was trained, the lengths and truncation it
     must be used with, the weights' SHA-256, and how to load it."""
@@ -215,7 +218,7 @@ def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pat
              *([f"base_model: {cfg.retriever}"] if "/" in cfg.retriever
                and not pathlib.Path(cfg.retriever).exists() else []), "---", "",
              f"# REPLUG LSR retriever trained from `{cfg.retriever}` by `{cfg.lm}`", "",
-             verdict(comparison), ""]
+             lead.strip() if lead else verdict(comparison), ""]
     if comparison is not None:
         lines += ["| metric | trained − base | interval | items |", "|---|---:|---|---:|",
                   *(f"| {c['metric']} | {c['difference']:+.4f} | [{c['low']:+.4f}, "
