@@ -82,11 +82,21 @@ def states_the_bases_training_data(text: str) -> bool:
                           text)) and "Natural Questions" in text
 
 
+def test_an_exported_card_states_what_its_minilm_base_was_trained_on():
+    """The card `replug export-retriever` writes says it too, for MiniLM by any name."""
+    from replug_jax.train.export import base_training_data
+
+    for name in ("minilm", "sentence-transformers/all-MiniLM-L6-v2", "/models/all-minilm-l6-v2"):
+        assert states_the_bases_training_data(base_training_data(name)), name
+    assert base_training_data("facebook/contriever") is None
+
+
 def test_every_card_and_lsr_results_page_states_the_bases_training_data():
     """MiniLM's own training pairs include SQuAD, NQ and TriviaQA: every checkpoint card and
     every results page of a retriever trained from it says so (issue 50)."""
     results = CHECKPOINTS.parent / "experiments" / "results"
-    pages = [f / "MODEL_CARD.md" for f in FOLDERS] + [
+    pages = [f / "MODEL_CARD.md" if (f / "MODEL_CARD.md").exists() else f / "README.md"
+             for f in FOLDERS] + [
         results / name / "README.md"
         for name in ("lsr_study", "lsr_qa", "lsr_nq", "lsr_wikitext", "temperature_sweep")]
     missing = [str(p.relative_to(CHECKPOINTS.parent)) for p in pages

@@ -203,6 +203,25 @@ def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dic
     return out
 
 
+# What a base retriever was itself trained on, where it matters for what a card claims: a
+# base trained on a task's own (question, paragraph) pairs is no neutral starting point there
+BASE_TRAINING_DATA = {
+    "all-minilm-l6-v2": (
+        "The base, all-MiniLM-L6-v2, was itself trained (by sentence-transformers) on about 1B "
+        "text pairs that include SQuAD, Natural Questions and TriviaQA (question, paragraph) "
+        "pairs: on these tasks it is not a neutral starting point.")}
+
+
+def base_training_data(retriever: str) -> str | None:
+    """The statement of :data:`BASE_TRAINING_DATA` for a base named by its packaged alias,
+    hub id or folder name, else None."""
+    from replug_jax.models.registry import PACKAGED_ALIASES
+
+    name = PACKAGED_ALIASES.get(retriever.lower(), retriever.lower())
+    name = "all-minilm-l6-v2" if name == "minilm" else name
+    return next((text for key, text in BASE_TRAINING_DATA.items() if key in name), None)
+
+
 def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pathlib.Path,
                dtype: str, comparison: dict | None, pooling: str = "mean",
                lead: str | None = None) -> str:
@@ -223,7 +242,9 @@ def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pat
         lines += ["| metric | trained − base | interval | items |", "|---|---:|---|---:|",
                   *(f"| {c['metric']} | {c['difference']:+.4f} | [{c['low']:+.4f}, "
                     f"{c['high']:+.4f}] | {c['items']} |" for c in comparison["all"]), ""]
+    base_data = base_training_data(cfg.retriever)
     lines += ["## Training", "",
+              *([base_data, ""] if base_data else []),
               f"- base retriever: `{cfg.retriever}` ({cfg.similarity} similarity, "
               f"{pooling} pooling)",
               f"- supervising LM: `{cfg.lm}`"
