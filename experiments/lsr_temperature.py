@@ -250,15 +250,18 @@ def main(argv=None):
     context = dict(args=args, cfg=cfg, qa_cfg=qa_cfg, task=task, pools=pools,
                    recall_qs=recall_qs, base=base, grid_cfg=grid_cfg)
 
+    reported = []  # the run count of the last report written (after a finished run)
+
     def keep(path: pathlib.Path, runs: dict) -> None:
         kept.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, kept / path.name)
         report(runs, **context)  # the result so far, stated as partial until the last
+        reported.append(len(runs))
 
     runs = train_variants(Runs(grid_cfg, task.retriever, task.by_id, task.progress,
                                task.frozen, measure), fold, on_run=keep,
                           only_finished=args.report_only)
-    if runs:
+    if runs and reported[-1:] != [len(runs)]:  # nothing trained now, or read back after
         report(runs, **context)
 
 
