@@ -25,8 +25,12 @@ pointed to, on questions of SQuAD train articles no split held (reusing ``defaul
 and trained variant). ``python -m experiments.lib.lsr_qa_report --config NAME`` rewrites a
 finished run's report from its JSON.
 
-Usage: ``python -m experiments.lsr_qa [--config default|confirm|confirm_recall|nq|tiny]
-[--set key=value] [--stage pools|all]``.
+``--config tau_confirm`` is the third (issue 66): the variant the finished temperature study
+picks on dev by its registered rule (``variant_from``), selected on recall@1 of 4,000 dev
+questions (``recall_dev``).
+
+Usage: ``python -m experiments.lsr_qa [--config default|confirm|confirm_recall|tau_confirm|nq|
+tiny] [--set key=value] [--stage pools|all]``.
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ import pathlib
 
 import numpy as np
 
-from experiments.lib import lm_datastore, lsr_qa_report
+from experiments.lib import lm_datastore, lsr_qa_report, squad
 from experiments.lib.common import load_lm, run
 from experiments.configs.lsr_qa import CONFIGS
-from experiments.lib.lsr_common import slug
+from experiments.lib.lsr_common import registered_variant, slug
 from experiments.lib.lsr_qa_data import (
     base_retrieval,
     examples_of,
@@ -51,6 +55,7 @@ from experiments.lib.lsr_qa_data import (
 from experiments.lib.lsr_qa_report import chosen_name
 from experiments.lib.lsr_qa_results import BASE, across_folds
 from experiments.lib.pool_study import Fold, run_params, run_study
+from replug_jax.fileio import atomic_path
 from replug_jax.lm.score_store import ScoreStore, scorer_identity
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.train.pool import (
@@ -221,22 +226,43 @@ class QATask:
     def diagnostics(self) -> tuple[dict, bool]:
         return {}, False  # the oracle's headroom is measured per fold, in the summary
 
+    def embed_base(self, pools: dict) -> None:
+        """The base embeddings of the passages of ``pools`` (name -> (pool, examples)) into
+        ``frozen``, once: kept in the work folder (``base_pool_embeddings.npz``, an hour of CPU
+        for confirm_recall's pools), so a restart, or a study sharing the work folder, reads
+        them back."""
+        cache = self.work / "base_pool_embeddings.npz"
+        fingerprint = self.retriever.identity["fingerprint"]
+        if cache.is_file():
+            with np.load(cache, allow_pickle=False) as z:
+                if str(z["fingerprint"]) == fingerprint:
+                    self.frozen.update(zip(z["ids"].tolist(), z["vectors"]))
+        known = len(self.frozen)
+        for pool, examples in pools.values():
+            embed_pool(self.retriever, None, pool, examples, self.by_id, None, self.frozen)
+        if len(self.frozen) != known:
+            ids = sorted(self.frozen)
+            with atomic_path(cache) as tmp, open(tmp, "wb") as f:
+                np.savez(f, ids=np.array(ids, np.int64), fingerprint=np.array(fingerprint),
+                         vectors=np.stack([self.frozen[i] for i in ids]))
+
     def folds(self) -> list[Fold]:
+        if self.cfg.variant_from:  # a registered config: its variant, by its rule
+            self.cfg = registered_variant(self.cfg)
         single = len(self.study.folds) == 1
         out = []
         for f, split in enumerate(self.study.folds):
             pools = {s: self.pools[n].subset(rows) for s, (n, rows) in split.items()}
             examples = {s: [self.examples[n][i] for i in rows] for s, (n, rows) in split.items()}
-            for s in ("train", "dev"):  # the base embeddings of their passages, once
-                embed_pool(self.retriever, None, pools[s], examples[s], self.by_id, None,
-                           self.frozen)
+            self.embed_base({s: (pools[s], examples[s]) for s in ("train", "dev")})
             recall = self._dev_recall(f) if self.cfg.select_on == "recall@1" else None
             run_dir = (self.work if single else self.work / f"fold{f}") / "runs"
             out.append(Fold(f, pools, examples, run_dir, recall))
         return out
 
     def _dev_recall(self, f: int):
-        dev_qs = self.study.questions(f, "dev")
+        dev_qs = (squad.sample_questions(self.study.dev_all, self.cfg.recall_dev, self.cfg.seed)
+                  if self.cfg.recall_dev else self.study.questions(f, "dev"))
         dev_gold = np.array([q.paragraph for q in dev_qs])
 
         def dev_recall(params) -> float:  # the gold paragraph at rank 1 of the whole datastore

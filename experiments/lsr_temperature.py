@@ -39,10 +39,8 @@ from experiments.lib.pool_study import Fold, train_variants
 from experiments.lsr_qa import QATask, pool_scores, retrieve
 from replug_jax.config import apply_overrides
 from replug_jax.eval.stats import paired_bootstrap
-from replug_jax.fileio import atomic_path
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.pool import (
-    embed_pool,
     fit_tau,
     masked_log_softmax,
     pool_logliks,
@@ -105,22 +103,7 @@ def open_pools(cfg, args):
     task.build_pools()
     pools = {s: task.pools[s] for s in ("train", "dev")}
     examples = {s: task.examples[s] for s in ("train", "dev")}
-    # the base embeddings of their passages, once for every run, kept on disk (an hour of
-    # CPU for confirm_recall's pools; a restart reads them back)
-    cache = pathlib.Path(cfg.workdir) / cfg.study / "base_pool_embeddings.npz"
-    fingerprint = task.retriever.identity["fingerprint"]
-    if cache.is_file():
-        with np.load(cache, allow_pickle=False) as z:
-            if str(z["fingerprint"]) == fingerprint:
-                task.frozen.update(zip(z["ids"].tolist(), z["vectors"]))
-    known = len(task.frozen)
-    for s in ("train", "dev"):
-        embed_pool(task.retriever, None, pools[s], examples[s], task.by_id, None, task.frozen)
-    if len(task.frozen) != known:
-        ids = sorted(task.frozen)
-        with atomic_path(cache) as tmp, open(tmp, "wb") as f:
-            np.savez(f, ids=np.array(ids, np.int64), fingerprint=np.array(fingerprint),
-                     vectors=np.stack([task.frozen[i] for i in ids]))
+    task.embed_base({s: (pools[s], examples[s]) for s in pools})  # kept on disk
     return qa_cfg, task, pools, examples
 
 

@@ -55,6 +55,9 @@ class QAStudyConfig:
     train_articles: int = 100
     max_train: int = 1200  # questions, spread over the articles (0 = all; nq: per fold)
     max_dev: int = 320  # (nq: per fold)
+    # squad, select_on="recall@1": the dev recall@1 that selects reads this many questions of
+    # the dev articles (seeded; no LM cost) rather than the max_dev of the dev pool (0)
+    recall_dev: int = 0
     max_test: int = 1500  # ≥ 1,500: see detectable_effect (nq: questions, all folds)
     # squad: the test questions' articles: "dev" (the SQuAD dev articles here) or
     # "unused_train" (`test_articles` SQuAD train articles in neither the train nor the dev
@@ -77,7 +80,11 @@ class QAStudyConfig:
     k: int = 4  # documents in REPLUG's ensemble (the primary endpoint's k)
     recall_ks: tuple = (1, 5)
     objectives: tuple = ("kl_retriever_to_lm", "kl_lm_to_retriever", "marginal")
-    grid: tuple = ((0.1, 0.1), (1.0, 1.0))  # (γ, β)
+    grid: tuple = ((0.1, 0.1), (1.0, 1.0))  # (γ, β): numbers, "fitted" or (γ) "learned"
+    # a registered config whose variant a finished temperature study picks by a rule fixed
+    # before it finished (experiments.lib.lsr_common.registered_variant): that study's
+    # results JSON; its variant replaces objectives, grid and lm_score when training starts
+    variant_from: str = ""
     towers: str = "query"  # query: only the query tower learns | shared: one encoder
     steps: int = 1500
     batch_size: int = 16
@@ -174,17 +181,48 @@ CONFIGS = {
         grid=((1.0, 1.0),), steps=3000, eval_every=150, patience=4, eval_temperature=0.0,
         select_on="recall@1", control_steps=1500, primary="recall@1", loglik_margin=0.10,
         transfer_nq=True, max_generate=300, detectable_effect=0.007),
-    # The temperature study's pools (issue 66): confirm_recall's train pools (4,800 questions,
-    # every pair already in the carry) and a dev pool of 4,000 questions of the same 40 dev
-    # articles (confirm_recall's 320 are its first rounds), so that the dev curves, and the
-    # registered study's selection, read ≥ 4,000 dev questions. Its carry is
-    # experiments/results/lsr_qa/tau_carry (confirm_recall's pairs and the new dev pairs);
-    # only `--stage pools --pool-sets train,dev` is run with it: the variants are trained by
-    # `experiments.lsr_temperature`.
-    "temperature": QAStudyConfig(
-        max_train=4800, max_dev=4000, test_source="unused_train", test_skip_articles=120,
-        test_articles=182, max_test=12000, max_test_lm=4800, test_pool_size=4,
-        eval_temperature=0.0, select_on="recall@1", primary="recall@1", release=""),
+    # The third confirmatory study (issue 66), registered on 2026-12-07, after the temperature
+    # study's first 6 of 15 variants and before any of its test pairs was scored.
+    # - variant: the one the temperature study (experiments/results/lsr_temperature/
+    #   default.json, all 15 variants finished) picks on dev by this rule, fixed now: the
+    #   highest dev recall@1 at its kept step (4,000 dev questions over the whole datastore),
+    #   ties broken by the dev-pool log-likelihood, then the study's order. Hypothesis (from
+    #   its first variants, γ near the inference τ with Q from the summed log-probability:
+    #   dev recall@1 +0.014 to +0.025 over the base's 0.527, chosen on the same questions):
+    #   that variant raises the gold paragraph's recall@1 on articles no study has tested.
+    # - training: the one trainer (LSRTrainer, supervision="pool", as `replug train-lsr`
+    #   runs it) on confirm_recall's train pools (4,800 questions of 100 train articles ×
+    #   the base's top-8, every pair in the carry), query tower, k = 4, batch 16, lr 2e-5,
+    #   1,000 steps (the temperature study kept steps 400-500 of 1,000).
+    # - selection: every 100 steps, recall@1 over the whole datastore of 4,000 questions of
+    #   the 40 dev articles (the temperature study's); a step counts only if its dev-pool
+    #   log-likelihood (confirm_recall's 320 dev-pool questions, τ fitted then) is not below
+    #   the base's. τ of each retriever fitted on that dev pool.
+    # - primary endpoint: gold-paragraph recall@1 over the whole datastore (46,737 passages),
+    #   LSR − base, on all 23,477 questions of the 120 SQuAD train articles `confirm` drew and
+    #   never ran (no study trained, selected or tested on them), 95 % interval clustered by
+    #   article. Primary because it needs no LM, so every test question counts: detectable
+    #   effect 0.0064 at 80 % power (confirm_recall's per-question variance of the paired
+    #   difference, 0.122 with its clustering: 2.8 × √(0.122 / 23,477)).
+    # - gatekeeping secondary: the gold-answer log-likelihood under REPLUG (k = 4, each
+    #   retriever at its own τ fitted on dev) on 4,800 of those questions (seeded; test pool =
+    #   the base's top-4, the pairs the LSR retriever brings scored as needed). Per-question SD
+    #   of the difference 3.75 nats (confirm_recall): interval ±0.106, so the gate (lower
+    #   bound above −0.10 nats per question) passes with 80 % power when the true difference
+    #   is ≥ +0.05; a difference of 0.15 is detectable.
+    # - release: both pass → float16 two towers at checkpoints/replug-lsr-minilm-squad by the
+    #   export every user runs (`replug export-retriever`'s writer), τ in replug.json.
+    # - reported whatever the primary: both endpoints, the shuffled-Q control trained a fixed
+    #   1,000 steps, EM / F1 of 300 greedy answers, transfer to NQ's questions with gold
+    #   passages (not gated).
+    # - caveat: MiniLM's own training data include SQuAD (question, paragraph) pairs.
+    "tau_confirm": QAStudyConfig(
+        max_train=4800, recall_dev=4000, test_source="unused_train", test_articles=120,
+        max_test=0, max_test_lm=4800, test_pool_size=4, lm_score="sum",
+        variant_from="experiments/results/lsr_temperature/default.json", steps=1000,
+        eval_every=100, patience=0, eval_temperature=0.0, select_on="recall@1",
+        control_steps=1000, primary="recall@1", loglik_margin=0.10, transfer_nq=True,
+        max_generate=300, detectable_effect=0.0064),
     # confirm_recall's design at the paper's sizes, on an accelerator: Contriever under a 1B
     # LM, k = 20 within pools of 32, every training question of the default articles
     "confirm_recall_gpu": QAStudyConfig(

@@ -1,6 +1,7 @@
 """What the two LSR studies share (``lsr_study``: language modelling on WikiText;
-``lsr_qa``: SQuAD and NQ): the variants of a grid, their labels, the power of a paired test,
-saved parameters, and a pool of new candidates that reuses an earlier pool's scored pairs."""
+``lsr_qa``: SQuAD and NQ): the variants of a grid (and a registered config's, by its rule),
+their labels, the power of a paired test, saved parameters, and a pool of new candidates that
+reuses an earlier pool's scored pairs."""
 
 from __future__ import annotations
 
@@ -66,6 +67,31 @@ def variants(cfg) -> list[LSRConfig]:
         out.append(dataclasses.replace(out[0], shuffle_q=True, **(
             {"total_steps": fixed, "select_on": "last"} if fixed else {})))
     return out
+
+
+def registered_variant(cfg):
+    """``cfg`` with the variant its registration names by rule (``cfg.variant_from``: a
+    finished temperature study's results JSON, ``experiments.lsr_temperature``): the variant
+    with the highest dev recall@1 at its kept step, ties broken by the higher dev-pool
+    log-likelihood, then by the study's order. Refused while that study is partial: the rule
+    reads every variant or none."""
+    path = pathlib.Path(cfg.variant_from)
+    if not path.is_file():
+        raise ValueError(f"variant_from={path}: no such results file; run "
+                         "`python -m experiments.lsr_temperature` to the end first")
+    study = json.loads(path.read_text())
+    rows = study.get("rows") or []
+    if "partial" in study.get("finished", "partial") or not rows:
+        raise ValueError(f"variant_from={path}: the study is not finished "
+                         f"({study.get('finished', 'no rows')}); the registered rule reads "
+                         "every variant: finish it (`python -m experiments.lsr_temperature`)")
+    best = max(enumerate(rows), key=lambda ir: (ir[1]["dev_recall@1"],
+                                                ir[1]["dev_pool_loglik"], -ir[0]))[1]
+    c = best["config"]
+    name = next(n for n, (kind, d) in OBJECTIVES.items()
+                if kind == c["objective"] and (kind == "marginal" or d == c["direction"]))
+    return dataclasses.replace(cfg, objectives=(name,), grid=((c["gamma"], c["beta"]),),
+                               lm_score=c["lm_score"])
 
 
 def trained_with(stored: dict | None, v: LSRConfig) -> bool:
