@@ -182,12 +182,12 @@ CONFIGS = {
         select_on="recall@1", control_steps=1500, primary="recall@1", loglik_margin=0.10,
         transfer_nq=True, max_generate=300, detectable_effect=0.007),
     # The third confirmatory study (issue 66), registered on 2026-12-07, after the temperature
-    # study's first 6 of 15 variants and before any of its test pairs was scored.
+    # study's first 7 of 15 variants and before any of its test pairs was scored.
     # - variant: the one the temperature study (experiments/results/lsr_temperature/
     #   default.json, all 15 variants finished) picks on dev by this rule, fixed now: the
     #   highest dev recall@1 at its kept step (4,000 dev questions over the whole datastore),
     #   ties broken by the dev-pool log-likelihood, then the study's order. Hypothesis (from
-    #   its first variants, γ near the inference τ with Q from the summed log-probability:
+    #   its first variants, γ from 0.02 to 0.1 with Q from the summed log-probability:
     #   dev recall@1 +0.014 to +0.025 over the base's 0.527, chosen on the same questions):
     #   that variant raises the gold paragraph's recall@1 on articles no study has tested.
     # - training: the one trainer (LSRTrainer, supervision="pool", as `replug train-lsr`
