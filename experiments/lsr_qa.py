@@ -44,7 +44,7 @@ import numpy as np
 from experiments.lib import lm_datastore, lsr_qa_report, squad
 from experiments.lib.common import load_lm, run
 from experiments.configs.lsr_qa import CONFIGS
-from experiments.lib.lsr_common import registered_variant, slug
+from experiments.lib.lsr_common import REGISTERED_RULE, registered_variant, slug
 from experiments.lib.lsr_qa_data import (
     base_retrieval,
     examples_of,
@@ -261,6 +261,8 @@ class QATask:
         return out
 
     def _dev_recall(self, f: int):
+        if self.cfg.recall_dev and self.study.dev_all is None:
+            raise ValueError("recall_dev needs a study with dev articles (dataset=squad)")
         dev_qs = (squad.sample_questions(self.study.dev_all, self.cfg.recall_dev, self.cfg.seed)
                   if self.cfg.recall_dev else self.study.questions(f, "dev"))
         dev_gold = np.array([q.paragraph for q in dev_qs])
@@ -353,6 +355,10 @@ class QATask:
         there is one fold (a release is of one retriever)."""
         cfg = self.cfg
         payload, _, chosen = across_folds(tested, cfg, self.study)
+        if cfg.recall_dev:  # the step was selected on these dev questions' recall@1
+            payload["questions"]["dev_recall"] = len(self.study.dev_all[:cfg.recall_dev])
+        if cfg.variant_from:
+            payload["variant_rule"] = {"from": cfg.variant_from, "rule": REGISTERED_RULE}
         params = tested[0]["params"] if len(tested) == 1 else None
         if getattr(cfg, "transfer_nq", False) and params is not None:  # reported, not gated
             payload["transfer_nq"] = nq_transfer(cfg, self.retriever, params, self.work,

@@ -748,6 +748,19 @@ def test_lsr_temperature_tiny(data, tmp_path):
     assert [r["dev_recall@1"] for r in again["rows"]] == [r["dev_recall@1"] for r in res["rows"]]
     assert res["finished"] == "6 of 6 variants" and "**6 of 6 variants.**" in (
         tmp_path / "out" / "lsr_temperature" / "tiny.md").read_text()
+    # the registered design (tau_confirm): the finished study's rule names the variant, which
+    # is trained, selected on recall@1 of more dev questions than the dev pool, and tested
+    from experiments import lsr_qa
+
+    best = max(enumerate(res["rows"]), key=lambda ir: (
+        ir[1]["dev_recall@1"], ir[1]["dev_pool_loglik"], -ir[0]))[1]["variant"]
+    lsr_qa.main(["--config", "tiny_tau", "--out", str(tmp_path / "out"), "--no-progress",
+                 "--set", f"workdir={tmp_path / 'work'}", "--set",
+                 f"variant_from={tmp_path / 'out' / 'lsr_temperature' / 'tiny.json'}"])
+    reg = json.loads((tmp_path / "out" / "lsr_qa" / "tiny_tau.json").read_text())
+    assert reg["chosen"] == best and set(reg["runs"]) == {best, best + "/shuffled-Q control"}
+    assert reg["questions"]["dev_recall"] > reg["questions"]["dev"] == 2  # all dev articles
+    assert reg["variant_rule"]["rule"].startswith("the finished temperature study's variant")
     # a partial result while the study runs: --report-only trains nothing and says so
     for folder in (tmp_path / "out" / "lsr_temperature" / "tiny_runs",
                    tmp_path / "work" / "lsr_temperature_tiny"):

@@ -120,11 +120,11 @@ def test_a_fitted_temperature_travels_with_the_retriever(tmp_path):
     folder = export_retriever(tiny_retriever(0).model, tmp_path / "r", {
         "replug.json": json.dumps({"similarity": "cosine", "query_max_length": 16,
                                    "doc_max_length": 32}),
-        "MODEL_CARD.md": "# R\n\n## Dev metrics\n\nsome\n"})
+        "README.md": "# R\n\n## Dev metrics\n\nsome\n"})
     assert Retriever.load(str(folder)).retrieval_temperature is None
     record_temperature(folder, 0.07, {"dev": "x"}, "τ = 0.07 (first)")
     record_temperature(folder, 0.05, {"dev": "x"}, "τ = 0.05 fitted on dev")
-    card = (folder / "MODEL_CARD.md").read_text()
+    card = (folder / "README.md").read_text()
     assert card.count("## Inference temperature") == 1 and "0.05 fitted" in card
     assert "0.07" not in card and "## Dev metrics" in card
     retriever = Retriever.load(str(folder))

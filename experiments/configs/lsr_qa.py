@@ -261,6 +261,17 @@ CONFIGS = {
                                  primary="recall@1", tau_grid=(0.1, 1.0), max_generate=0,
                                  transfer_nq=True,
                                  lm_max_context=512, bootstrap_resamples=200, release=""),
+    # CI: tau_confirm's design (the variant a finished temperature study's rule picks, given
+    # by --set variant_from=…; the step selected on recall@1 of more dev questions than the
+    # dev pool holds)
+    "tiny_tau": QAStudyConfig(distractors="enwiki:4", dev_articles=1, train_articles=1,
+                              max_train=8, max_dev=2, recall_dev=7, test_source="unused_train",
+                              test_articles=1, max_test=3, max_test_lm=2, test_pool_size=2,
+                              pool_size=3, k=2, recall_ks=(1, 2), lm_score="sum", steps=4,
+                              batch_size=2, eval_every=2, patience=0, eval_temperature=0.0,
+                              select_on="recall@1", control_steps=2, primary="recall@1",
+                              tau_grid=(0.1, 1.0), max_generate=0, lm_max_context=512,
+                              bootstrap_resamples=200, release=""),
     "tiny_nq": QAStudyConfig(dataset="nq", folds=2, distractors="enwiki:4", max_train=6,
                              max_dev=2, max_test=8, pool_size=3, k=2, recall_ks=(1, 2),
                              objectives=("kl_retriever_to_lm",), grid=((0.1, 0.1),),

@@ -69,6 +69,10 @@ def variants(cfg) -> list[LSRConfig]:
     return out
 
 
+REGISTERED_RULE = ("the finished temperature study's variant with the highest dev recall@1 at "
+                   "its kept step; ties: the higher dev-pool log-likelihood, then its order")
+
+
 def registered_variant(cfg):
     """``cfg`` with the variant its registration names by rule (``cfg.variant_from``: a
     finished temperature study's results JSON, ``experiments.lsr_temperature``): the variant

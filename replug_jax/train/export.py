@@ -198,7 +198,7 @@ def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dic
 
     out = pathlib.Path(out_dir)
     tmp = out.with_name(out.name + ".two-towers")
-    _stage(query, passages, tmp, settings, dtype, {"MODEL_CARD.md": card})
+    _stage(query, passages, tmp, settings, dtype, {"README.md": card})
     replace_dir(tmp, out)
     return out
 
