@@ -246,7 +246,7 @@ def main(argv=None):
                         root=args.out, differences=DIFFERENCES)
     fig, ax = new_figure(figsize=(5, 3))
     modes = list(rows)
-    ax.bar(modes, [rows[m]["mean_answer_loglik"] for m in modes], color="tab:blue")
+    ax.bar(modes, [rows[m].get("mean_answer_loglik", np.nan) for m in modes], color="tab:blue")
     ax.set_ylabel("mean gold-answer log-likelihood")
     ax.set_title(f"NQ, {n} questions, k={cfg.k}")
     save_figure(fig, out / f"{args.config}.png")

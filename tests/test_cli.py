@@ -302,7 +302,8 @@ def test_malformed_score_inputs_are_one_line(content, match, tmp_path, capsys):
 
 @pytest.mark.parametrize("case", ["confidence_1", "same_labels", "output_is_file", "no_index",
                                   "other_corpus", "modes_twice", "bounds_reversed",
-                                  "store_retriever_without_export"])
+                                  "store_retriever_without_export", "retrieval_only_none",
+                                  "retrieval_only_texts"])
 def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_path, capsys,
                                                                    monkeypatch):
     """Each refusal comes in one line before any model is loaded or anything is scored."""
@@ -314,6 +315,8 @@ def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_pat
     monkeypatch.setattr("replug_jax.cli.infer.make_lm", no_lm)
     qa = tmp_path / "qa.jsonl"
     qa.write_text(json.dumps({"question": "Who?", "answer": "Me"}) + "\n")
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text(json.dumps({"text": "A text to model."}) + "\n")
     for name, checksum in (("idx", "c0ffee" * 4), ("idx2", "beef" * 6)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text(json.dumps({"corpus_checksum":
@@ -336,7 +339,11 @@ def test_eval_and_fit_tau_refuse_bad_arguments_before_the_lm_loads(case, tmp_pat
         "bounds_reversed": (["fit-tau", str(qa), "--index", idx, "--bounds", "5", "1"],
                             "LOW < HIGH"),
         "store_retriever_without_export": (["fit-tau", str(qa), "--index", idx, "--store",
-                                            "retriever"], "needs --retriever")}[case]
+                                            "retriever"], "needs --retriever"),
+        "retrieval_only_none": (["eval", str(qa), "--output", out, "--retrieval-only",
+                                 "--modes", "none"], "--modes none has none"),
+        "retrieval_only_texts": (["eval", str(texts), "--output", out, "--index", idx,
+                                  "--retrieval-only"], "this file holds texts")}[case]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert re.search(match, err) and "Traceback" not in err, err

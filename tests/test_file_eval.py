@@ -164,6 +164,53 @@ def test_qa_rows_equal_direct_scoring_differences_are_paired_and_a_rerun_resumes
     assert again["rows"] == report["rows"]
 
 
+def test_retrieval_alone_measures_gold_recall_as_the_full_eval_does_with_no_lm_call(
+        tmp_path, monkeypatch):
+    """`replug eval --retrieval-only`: each retrieving mode's passages, weights and gold hits
+    equal those of the full evaluation, two retrievers are compared on gold recall, and the LM
+    is never called; mode none and a file naming no gold passage are refused in one line."""
+    data = read_eval_file(_write(tmp_path / "qa.jsonl", QA))
+    base, other = _pipe(0, k=2), _pipe(1, k=2)
+    other.lm = base.lm
+    full = evaluate_file(data, {"base": base}, EvalSettings(
+        modes=("replug", "top1"), generate=False, resamples=200), tmp_path / "full",
+        progress=False)
+    for name in ("score_continuations", "score_token_ids", "next_token_logprobs_ids"):  # no LM
+        monkeypatch.setattr(base.lm, name, None, raising=False)
+    settings = EvalSettings(modes=("replug", "top1"), generate=False, likelihood=False,
+                            resamples=200)
+    alone = evaluate_file(data, {"base": base, "trained": other}, settings, tmp_path / "alone",
+                          progress=False)
+
+    def records(folder, label):
+        return {(r["mode"], r["i"]): r for r in map(json.loads, (
+            tmp_path / folder / "records.jsonl").open()) if r["label"].startswith(label)}
+
+    got, want = records("alone", "replug:") | records("alone", "top1:"), records("full", "")
+    assert set(got) == set(want) and len(got) == 2 * len(QA)
+    for key, r in want.items():
+        assert got[key]["doc_ids"] == r["doc_ids"]
+        assert got[key]["weights"] == pytest.approx(r["weights"], abs=1e-6)
+        assert got[key].get("gold_hit") == r.get("gold_hit")
+        assert "loglik" not in got[key] and got[key]["cost"]["lm_calls"] == 0
+    rows = alone["rows"]
+    for mode in ("replug", "top1"):
+        assert rows[mode]["gold_recall_at_k"] == full["rows"][mode]["gold_recall_at_k"]
+        assert "mean_answer_loglik" not in rows[mode] and rows[mode]["lm_calls"] == 0
+    assert len(records("full", "top1:")[("top1", 0)]["doc_ids"]) == 1  # recall@1
+    metrics = {(c["row"], c["reference"], c["metric"]) for c in alone["comparisons"]}
+    assert metrics == {("replug@trained", "replug", "gold_recall"),
+                       ("top1@trained", "top1", "gold_recall")}
+    assert "| top1@trained | top1 | gold_recall |" in (
+        tmp_path / "alone" / "summary.md").read_text()
+    with pytest.raises(ValueError, match="mode none retrieves nothing"):
+        EvalSettings(modes=("none", "replug"), generate=False, likelihood=False)
+    no_gold = read_eval_file(_write(tmp_path / "plain.jsonl", [
+        {k: v for k, v in r.items() if k != "gold_doc"} for r in QA]))
+    with pytest.raises(ValueError, match="no question names a gold passage"):
+        evaluate_file(no_gold, {"base": base}, settings, tmp_path / "none", progress=False)
+
+
 @pytest.mark.slow
 def test_a_second_retriever_is_compared_mode_by_mode(tmp_path):
     data = read_eval_file(_write(tmp_path / "qa.jsonl", QA))

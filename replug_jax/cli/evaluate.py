@@ -37,7 +37,9 @@ def _settings(args, modes=("replug",)):
     from replug_jax.eval.perplexity import WindowSettings
 
     return EvalSettings(
-        modes=modes, generate=not getattr(args, "no_generate", False),
+        modes=modes, likelihood=not getattr(args, "retrieval_only", False),
+        generate=not (getattr(args, "no_generate", False) or getattr(args, "retrieval_only",
+                                                                      False)),
         max_new_tokens=getattr(args, "max_new_tokens", 16), chat_layout=args.chat_layout,
         windows=WindowSettings(context_tokens=args.context_tokens, stride=args.window_tokens,
                                query_tokens=args.context_tokens, skip_first=args.skip_first,
@@ -81,6 +83,10 @@ def cmd_eval(args) -> int:
     if args.compare_retriever is not None and args.compare_label == args.label:
         raise ValueError(f"--compare-label {args.compare_label!r} equals --label: the two "
                          "systems' rows would share one name; give them different labels")
+    if args.retrieval_only:  # the LM alone retrieves nothing: its row is dropped
+        args.modes = tuple(m for m in args.modes if m != "none")
+        if not args.modes:
+            raise ValueError("--retrieval-only measures retrieving modes; --modes none has none")
     if args.compare_retriever is not None and args.modes == ("none",):
         raise ValueError("--compare-retriever compares retrieving modes; --modes none has none")
     if args.compare_index is not None and args.index is not None:
@@ -88,6 +94,9 @@ def cmd_eval(args) -> int:
     if args.output.exists() and not args.output.is_dir():
         raise ValueError(f"--output {args.output} is a file; name a folder")
     data = _read_data(args)
+    if args.retrieval_only and data.kind != "qa":
+        raise ValueError(f"{args.file}: --retrieval-only measures gold-passage recall of "
+                         "questions; this file holds texts")
     retrieve = any(m != "none" for m in args.modes)
     first = make_pipeline(args, retrieve=retrieve)
     systems = {args.label: first}
@@ -206,6 +215,11 @@ def add_parsers(sub) -> None:
                     help="folder for results.json, summary.md, results.png, records.jsonl")
     ev.add_argument("--no-generate", action="store_true",
                     help="QA: score the gold answers only, no greedy answers (no EM/F1)")
+    ev.add_argument("--retrieval-only", action="store_true",
+                    help="QA with gold passages (gold_doc): each retrieving mode's passages, "
+                         "their weights λ and gold-passage recall (top1: recall@1), with no "
+                         "LM call (no log-likelihood, no answers; the LM's tokenizer still "
+                         "fits the prompts); mode none is dropped")
     ev.add_argument("--max-new-tokens", type=non_negative_int, default=16,
                     help="QA: answer length limit (default 16)")
     ev.add_argument("--compare-retriever", default=None,

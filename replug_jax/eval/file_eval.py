@@ -39,11 +39,13 @@ RECORDS = "records.jsonl"
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """How a file is evaluated. ``chat_layout`` applies to LMs with a chat template (see
-    ``replug ask``); ``generate`` adds greedy answers (EM/F1) to QA; ``windows`` and
-    ``leakage`` apply to text."""
+    ``replug ask``); ``generate`` adds greedy answers (EM/F1) to QA; ``likelihood=False``
+    (QA) scores no gold answer: with ``generate=False`` that is retrieval alone, gold-passage
+    recall with no LM call; ``windows`` and ``leakage`` apply to text."""
 
     modes: tuple[str, ...] = ("none", "replug", "top1", "concat")
     generate: bool = True
+    likelihood: bool = True
     max_new_tokens: int = 16
     chat_layout: str = "inside"
     windows: WindowSettings = WindowSettings(context_tokens=128, stride=128, query_tokens=128,
@@ -59,6 +61,9 @@ class EvalSettings:
             raise ValueError(f"modes must be among {EVAL_MODES}, got {list(self.modes)}")
         if len(set(self.modes)) != len(self.modes):
             raise ValueError(f"a mode is listed twice: {list(self.modes)}")
+        if not self.likelihood and not self.generate and "none" in self.modes:
+            raise ValueError("retrieval alone (no likelihood, no generation) measures the "
+                             "retrieved passages: mode none retrieves nothing; drop it")
 
 
 def system_key(data: EvalData, pipe, settings: EvalSettings, mode: str) -> str:
@@ -77,6 +82,8 @@ def system_key(data: EvalData, pipe, settings: EvalSettings, mode: str) -> str:
              "answer_scoring": "as_written",
              "generate": settings.generate, "max_new_tokens": settings.max_new_tokens,
              "windows": dataclasses.asdict(settings.windows)}
+    if not settings.likelihood:  # records without the answer's log-likelihood
+        parts["likelihood"] = False
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -108,11 +115,15 @@ def qa_rows(data: EvalData, systems: dict, settings: EvalSettings, records: path
         modes = [m for m in settings.modes if n == 0 or m != "none"]
         names = {m: m if n == 0 else f"{m}@{label}" for m in modes}
         gold = resolve_gold_ids(data, pipe.index) or None  # one pass over the store per system
+        if gold is None and not (settings.likelihood or settings.generate):
+            raise ValueError(f"{data.path}: retrieval alone measures gold-passage recall, and "
+                             "no question names a gold passage (gold_doc) in the index")
         for mode in modes:  # one evaluator per row: each row has its own key
             ev = QAEvaluator([it.question for it in data.items],
                              [list(it.answers) for it in data.items], range(len(data)),
                              layout=_qa_layout(pipe, settings.chat_layout), modes=[mode],
                              generate_modes=[mode] if settings.generate else [],
+                             likelihood=settings.likelihood,
                              max_new_tokens=settings.max_new_tokens,
                              gold_doc=gold,
                              partial=records, label=f"{names[mode]}:"

@@ -177,7 +177,7 @@ class QAEvaluator:
         # each record names its example, as lm-eval-harness's --log_samples does
         recs = [{**({"id": str(self.ids[i])} if self.ids is not None else {}),
                  "question": self.questions[i], "answers": list(self.answers[i]),
-                 "loglik": float("nan"), "cost": {"lm_calls": 0, "input_tokens": 0}}
+                 "cost": {"lm_calls": 0, "input_tokens": 0}}
                 for i in idx]
         if self.likelihood:
             gold = [answer_continuation(a[0], self.layout) for a in answers]
@@ -185,15 +185,12 @@ class QAEvaluator:
                                 reliance=False, **shared)
             for rec, i, s in zip(recs, idx, scored):
                 rec.update(loglik=s.loglik, cost=_share(s.cost, len(idx)))
-                if mode != "none":  # the passages retrieved and their weights λ
-                    rec.update(doc_ids=[int(d) for d in s.doc_ids],
-                               weights=[round(float(w), 6) for w in s.weights])
-                if mode != "none" and self.gold_doc is not None and i in self.gold_doc:
-                    gold = self.gold_doc[i]  # a passage id, or every passage of one document
-                    gold = set(gold) if isinstance(gold, (tuple, list, set)) else {gold}
-                    w = dict(zip(s.doc_ids, s.weights))
-                    rec.update(gold_weight=float(sum(w.get(g, 0.0) for g in gold)),
-                               gold_hit=bool(gold & w.keys()))
+                self._retrieved(rec, i, mode, s.doc_ids, s.weights)
+        elif mode not in self.generate_modes and mode != "none":  # retrieval alone, no LM call
+            branches, _ = pipe.branches(texts, questions, mode=mode, **shared)
+            for rec, i, b in zip(recs, idx, branches):
+                self._retrieved(rec, i, mode, [p.id for p in b.passages],
+                                np.exp(b.log_weights))
         if mode in self.generate_modes:
             generated = pipe.generate(texts, self.max_new_tokens, stop=["\n"], queries=questions,
                                       mode=mode, **shared)
@@ -205,6 +202,20 @@ class QAEvaluator:
                 if not self.likelihood:
                     rec["cost"] = _share(g.cost, len(idx))
         return recs
+
+    def _retrieved(self, rec: dict, i: int, mode: str, doc_ids, weights) -> None:
+        """Question ``i``'s passages and their weights λ into ``rec``, and, where it names a
+        gold passage, the weight λ put on it and whether it was retrieved."""
+        if mode == "none":
+            return
+        rec.update(doc_ids=[int(d) for d in doc_ids],
+                   weights=[round(float(w), 6) for w in weights])
+        if self.gold_doc is not None and i in self.gold_doc:
+            gold = self.gold_doc[i]  # a passage id, or every passage of one document
+            gold = set(gold) if isinstance(gold, (tuple, list, set)) else {gold}
+            w = dict(zip(rec["doc_ids"], (float(x) for x in weights)))
+            rec.update(gold_weight=float(sum(w.get(g, 0.0) for g in gold)),
+                       gold_hit=bool(gold & w.keys()))
 
     def _done(self) -> dict:
         path = pathlib.Path(self.partial) if self.partial is not None else None
@@ -261,9 +272,10 @@ def summarize_records(records: Sequence[dict]) -> dict:
     """One mode's row: mean gold-answer log-likelihood, cost, EM/F1 and the gold passage's
     weight and recall when measured."""
     costs = [r["cost"] for r in records]
-    row = {"mean_answer_loglik": float(np.mean([r["loglik"] for r in records])),
-           "lm_calls": int(round(sum(c["lm_calls"] for c in costs))),
+    row = {"lm_calls": int(round(sum(c["lm_calls"] for c in costs))),
            "input_tokens": int(round(sum(c["input_tokens"] for c in costs)))}
+    if records and all("loglik" in r for r in records):  # not measured: generation or retrieval
+        row["mean_answer_loglik"] = float(np.mean([r["loglik"] for r in records]))
     ems = [r["em"] for r in records if "em" in r]
     if ems:
         row.update(exact_match=float(np.mean(ems)),
