@@ -252,8 +252,9 @@ class QATask:
         single = len(self.study.folds) == 1
         out = []
         for f, split in enumerate(self.study.folds):
-            pools = {s: self.pools[n].subset(rows) for s, (n, rows) in split.items()}
-            examples = {s: [self.examples[n][i] for i in rows] for s, (n, rows) in split.items()}
+            built = {s: (n, rows) for s, (n, rows) in split.items() if n in self.pools}
+            pools = {s: self.pools[n].subset(rows) for s, (n, rows) in built.items()}
+            examples = {s: [self.examples[n][i] for i in rows] for s, (n, rows) in built.items()}
             self.embed_base({s: (pools[s], examples[s]) for s in ("train", "dev")})
             recall = self._dev_recall(f) if self.cfg.select_on == "recall@1" else None
             run_dir = (self.work if single else self.work / f"fold{f}") / "runs"

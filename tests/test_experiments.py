@@ -754,9 +754,17 @@ def test_lsr_temperature_tiny(data, tmp_path):
 
     best = max(enumerate(res["rows"]), key=lambda ir: (
         ir[1]["dev_recall@1"], ir[1]["dev_pool_loglik"], -ir[0]))[1]["variant"]
-    lsr_qa.main(["--config", "tiny_tau", "--out", str(tmp_path / "out"), "--no-progress",
-                 "--set", f"workdir={tmp_path / 'work'}", "--set",
-                 f"variant_from={tmp_path / 'out' / 'lsr_temperature' / 'tiny.json'}"])
+    reg_argv = ["--config", "tiny_tau", "--out", str(tmp_path / "out"), "--no-progress",
+                "--set", f"workdir={tmp_path / 'work'}", "--set",
+                f"variant_from={tmp_path / 'out' / 'lsr_temperature' / 'tiny.json'}"]
+    # trained while the test pool waits (another process scores it): no test pair scored
+    lsr_qa.main(reg_argv + ["--stage", "train", "--pool-sets", "train,dev"])
+    work = tmp_path / "work" / "tiny_tau"
+    assert not (work / "pool_fresh_test").exists() and not (tmp_path / "out" / "lsr_qa").exists()
+    trained = {p.name: p.stat().st_mtime_ns for p in (work / "runs").glob("*.npz")}
+    assert len(trained) == 2  # the variant and its shuffled-Q control
+    lsr_qa.main(reg_argv)  # the test: the trained runs are read back, not trained again
+    assert {p.name: p.stat().st_mtime_ns for p in (work / "runs").glob("*.npz")} == trained
     reg = json.loads((tmp_path / "out" / "lsr_qa" / "tiny_tau.json").read_text())
     assert reg["chosen"] == best and set(reg["runs"]) == {best, best + "/shuffled-Q control"}
     assert reg["questions"]["dev_recall"] > reg["questions"]["dev"] == 2  # all dev articles

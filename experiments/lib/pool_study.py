@@ -56,9 +56,11 @@ class Fold:
 
 
 def stage_args(ap) -> None:
-    ap.add_argument("--stage", choices=("pools", "all"), default="all",
+    ap.add_argument("--stage", choices=("pools", "train", "all"), default="all",
                     help="pools: build the datastore and score every pool (resumable), then "
-                         "stop before any training; all: the whole study")
+                         "stop before any training; train: the pools, then train every "
+                         "variant and stop before the test (with --pool-sets train,dev while "
+                         "another process scores the test pool); all: the whole study")
 
 
 def run_params(retriever, fold: Fold, name: str):
@@ -144,6 +146,12 @@ def run_study(task_type, argv, doc: str, configs: dict) -> None:
         task.build_pools()
         if args.stage == "pools":
             print("\n".join(task.pools_summary()), flush=True)
+            return
+        if args.stage == "train":
+            for fold in task.folds():
+                runs = train_variants(task, fold)
+                print(f"fold {fold.index}: trained {', '.join(runs)} (chosen on dev: "
+                      f"{task.choose(fold, runs)}); no test was run", flush=True)
             return
         diagnostics, stop = task.diagnostics()
         if stop:
