@@ -127,6 +127,18 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_merge(args) -> int:
+    from replug_jax.retrieval.build import merge_indexes
+
+    if args.out.exists():
+        raise ValueError(f"--out {args.out} exists; name a new folder")
+    index = merge_indexes(args.index, args.out, args.offsets)
+    m = index.manifest
+    emit(args, {"out": str(args.out), "n": m["n"], "merged_from": m["merged_from"]},
+         f"merged {len(args.index)} indexes into {m['n']} passages -> {args.out}")
+    return 0
+
+
 def cmd_search(args) -> int:
     from replug_jax.replug import source_of
     from replug_jax.retrieval.encoder import Retriever
@@ -268,6 +280,15 @@ def add_parsers(sub) -> None:
                       help="corpus vectors used as queries")
     tune.add_argument("--retriever", default=None,
                       help="query encoder for text --recall-queries (default: the manifest's)")
+    mg = command(isub, "merge", cmd_merge, help="one exact index of several, with no re-encoding",
+                 description="Merge exact (Flat) indexes built by one encoder (a task's own "
+                             "passages and a distractor corpus, say) into one folder that every "
+                             "command searches as one datastore; no passage is encoded again.")
+    mg.add_argument("index", type=index_dir, nargs="+", help="index directories, in order")
+    mg.add_argument("--out", type=pathlib.Path, required=True, help="the merged index folder")
+    mg.add_argument("--offsets", type=int, nargs="+", default=None, metavar="N",
+                    help="added to the passage ids of each index, in order (default 0 for "
+                         "all; two passages may not share an id), e.g. 0 100000000")
     v = command(isub, "verify", cmd_verify, help="hash every file of an index against its manifest",
                 description="Full integrity check: every file's size and SHA-256 "
                             "against the manifest (loading checks sizes and hashes only small or "

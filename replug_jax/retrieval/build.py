@@ -3,6 +3,7 @@ and small in-memory indexes for experiments (:func:`index_in_memory`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import shutil
 import time
@@ -222,3 +223,40 @@ def index_in_memory(passages: Sequence[Passage], retriever, *, factory: str = "F
     emb = retriever.encode_passages([corpus_text(p) for p in passages])
     return Index.build(emb, passages, factory=factory, nprobe=nprobe,
                        encoder=retriever.identity, extra=extra)
+
+
+def merge_indexes(dirs: Sequence[str | pathlib.Path], out_dir: str | pathlib.Path,
+                  offsets: Sequence[int] | None = None) -> Index:
+    """One exact index of the passages of several exact indexes built by one encoder (a
+    task's own paragraphs and a distractor corpus, say), searched as one by every command.
+    No passage is encoded again: each part's vectors are read back (exact for ``Flat``
+    shards). Passage ``id`` of the i-th part becomes ``id + offsets[i]`` (default 0 for
+    all); refused in one line when two passages then share an id, when the parts' encoders
+    differ, or when a part is approximate."""
+    if len(dirs) < 2:
+        raise ValueError("merge needs two or more index folders")
+    offsets = [0] * len(dirs) if offsets is None else [int(o) for o in offsets]
+    if len(offsets) != len(dirs):
+        raise ValueError(f"{len(offsets)} offsets for {len(dirs)} indexes")
+    parts = [Index.load(d) for d in dirs]
+    encoder = parts[0].manifest.get("encoder")
+    for d, ix in zip(dirs, parts):
+        if ix.manifest.get("encoder") != encoder:
+            raise ValueError(f"{d}: built by another encoder than {dirs[0]} (its vectors "
+                             "would not be comparable)")
+        if ix.manifest.get("factory") != "Flat":
+            raise ValueError(f"{d}: a {ix.manifest.get('factory')} index approximates its "
+                             "vectors; only exact (Flat) indexes merge without re-encoding")
+    passages = [dataclasses.replace(p, id=p.id + off) if off else p
+                for ix, off in zip(parts, offsets) for p in ix.passages]
+    ids = np.array([p.id for p in passages], np.int64)
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError("two passages of the parts share an id: give each part an offset "
+                         "(--offsets 0 1000000 …) larger than the ids before it")
+    merged = Index.build([ix.reconstruct_all() for ix in parts], passages, encoder=encoder,
+                         extra={"merged_from": [{"index": str(d), "offset": off,
+                                                 "corpus_checksum": ix.manifest.get(
+                                                     "corpus_checksum")}
+                                                for d, ix, off in zip(dirs, parts, offsets)]})
+    merged.save(out_dir)
+    return Index.load(out_dir)
