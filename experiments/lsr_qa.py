@@ -30,7 +30,7 @@ picks on dev by its registered rule (``variant_from``), selected on recall@1 of 
 questions (``recall_dev``).
 
 Usage: ``python -m experiments.lsr_qa [--config default|confirm|confirm_recall|tau_confirm|nq|
-tiny] [--set key=value] [--stage pools|all]``.
+tiny] [--set key=value] [--stage pools|train|all]``.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class QATask:
         them back."""
         cache = self.work / "base_pool_embeddings.npz"
         fingerprint = self.retriever.identity["fingerprint"]
-        if cache.is_file():
+        if not self.frozen and cache.is_file():  # read once (folds share it)
             with np.load(cache, allow_pickle=False) as z:
                 if str(z["fingerprint"]) == fingerprint:
                     self.frozen.update(zip(z["ids"].tolist(), z["vectors"]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import types
 
 import numpy as np
 
@@ -92,8 +93,8 @@ def registered_variant(cfg):
     best = max(enumerate(rows), key=lambda ir: (ir[1]["dev_recall@1"],
                                                 ir[1]["dev_pool_loglik"], -ir[0]))[1]
     c = best["config"]
-    name = next(n for n, (kind, d) in OBJECTIVES.items()
-                if kind == c["objective"] and (kind == "marginal" or d == c["direction"]))
+    name = objective_name(types.SimpleNamespace(objective=c["objective"],
+                                                direction=c["direction"]))
     return dataclasses.replace(cfg, objectives=(name,), grid=((c["gamma"], c["beta"]),),
                                lm_score=c["lm_score"])
 
@@ -111,8 +112,9 @@ def trained_with(stored: dict | None, v: LSRConfig) -> bool:
     return old.fingerprint() == v.fingerprint() and old.total_steps == v.total_steps
 
 
-def objective_name(v: LSRConfig) -> str:
-    """The study's name of a run's objective (:data:`OBJECTIVES`)."""
+def objective_name(v) -> str:
+    """The study's name of a run's objective (:data:`OBJECTIVES`; ``v``: an
+    :class:`LSRConfig`, or anything with its ``objective`` and ``direction``)."""
     return next(n for n, (kind, d) in OBJECTIVES.items()
                 if kind == v.objective and (kind == "marginal" or d == v.direction))
 
