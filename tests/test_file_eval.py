@@ -30,6 +30,7 @@ PASSAGES = [Passage(i, f"The {name} river flows through {town}.", name,
             for i, (name, town) in enumerate([("Amber", "Lindholm"), ("Birch", "Oskar"),
                                                ("Cedar", "Tallin"), ("Dove", "Vemund"),
                                                ("Elm", "Rask"), ("Fern", "Ulla")])]
+PASSAGE_OF = {"doc-Amber": [0], 2: 1, "doc-Dove": [3]}  # gold_doc -> its passage ids
 QA = [{"id": "a", "question": "Where does the Amber river flow?", "answer": "Lindholm",
        "gold_doc": "doc-Amber", "group": "g1"},
       {"id": "b", "question": "Where does the Birch river flow?", "answers": ["Oskar", "oskar"],
@@ -61,6 +62,9 @@ def test_a_file_is_read_with_its_kind_and_refused_in_one_line(tmp_path):
     data = read_eval_file(_write(tmp_path / "qa.jsonl", QA))
     assert data.kind == "qa" and len(data) == 4
     assert data.items[1].answers == ("Oskar", "oskar") and data.items[0].gold_doc == "doc-Amber"
+    one = read_eval_file(_write(tmp_path / "p.jsonl", [QA[0] | {"gold_doc": None,
+                                                                 "gold_passage": 4}]))
+    assert one.items[0].gold_doc == (4,)  # passage ids, as a tuple
     assert data.groups == ["g1", "g1", "g2", "g3"]
     assert len(read_eval_file(tmp_path / "qa.jsonl", limit=2)) == 2
     text = read_eval_file(_write(tmp_path / "t.jsonl", [{"text": "one two"}, {"text": "x"}]))
@@ -72,6 +76,10 @@ def test_a_file_is_read_with_its_kind_and_refused_in_one_line(tmp_path):
             ([{"question": "q?", "answer": "a"}, {"text": "t"}], "needs a non-empty 'question'"),
             ([{"id": 1, "question": "q?", "answer": "a"}] * 2, "id '1' appears twice"),
             ([{"question": "q?", "answer": "a", "gold_doc": 1.5}], "'gold_doc' must be"),
+            ([{"question": "q?", "answer": "a", "gold_passage": []}], "'gold_passage' must"),
+            ([{"question": "q?", "answer": "a", "gold_passage": ["7"]}], "'gold_passage' must"),
+            ([{"question": "q?", "answer": "a", "gold_doc": 7, "gold_passage": 7}],
+             "not both"),
             ([{"prompt": "p"}], "needs 'question' and 'answer' \\(QA\\) or 'text'")):
         with pytest.raises(ValueError, match=message):
             read_eval_file(_write(tmp_path / "bad.jsonl", rows))
@@ -205,6 +213,20 @@ def test_retrieval_alone_measures_gold_recall_as_the_full_eval_does_with_no_lm_c
         tmp_path / "alone" / "summary.md").read_text()
     with pytest.raises(ValueError, match="mode none retrieves nothing"):
         EvalSettings(modes=("none", "replug"), generate=False, likelihood=False)
+    # the same golds named as passage ids of the store: the same hits, passage by passage
+    by_passage = read_eval_file(_write(tmp_path / "psg.jsonl", [
+        {k: v for k, v in r.items() if k != "gold_doc"}
+        | ({"gold_passage": PASSAGE_OF[r["gold_doc"]]} if "gold_doc" in r else {})
+        for r in QA]))
+    again = evaluate_file(by_passage, {"base": base}, settings, tmp_path / "psg",
+                          progress=False)
+    assert again["rows"]["top1"]["gold_recall_at_k"] == rows["top1"]["gold_recall_at_k"]
+    hits = {k: r.get("gold_hit") for k, r in records("psg", "").items()}
+    assert hits == {k: r.get("gold_hit") for k, r in got.items()} and any(hits.values())
+    unknown = read_eval_file(_write(tmp_path / "unknown.jsonl", [QA[0] | {
+        "gold_doc": None, "gold_passage": [0, 99]}]))
+    with pytest.raises(ValueError, match="gold_passage 99 is no passage id of the store"):
+        evaluate_file(unknown, {"base": base}, settings, tmp_path / "u", progress=False)
     no_gold = read_eval_file(_write(tmp_path / "plain.jsonl", [
         {k: v for k, v in r.items() if k != "gold_doc"} for r in QA]))
     with pytest.raises(ValueError, match="no question names a gold passage"):

@@ -628,7 +628,7 @@ def test_gold_doc_names_the_corpus_s_document_id_whatever_its_type(tmp_path):
     passages 1, 2, …; a corpus without ids numbers its lines from 1): every passage cut from
     that document counts; a value naming no document is refused, not scored as recall 0."""
     from replug_jax.retrieval.store import PassageStore
-    from replug_jax.train.data import resolve_gold
+    from replug_jax.train.data import qa_examples, resolve_gold
 
     store = PassageStore.from_passages([
         Passage(0, "a1", source_id="doc-a"), Passage(1, "a2", source_id="doc-a"),
@@ -644,6 +644,15 @@ def test_gold_doc_names_the_corpus_s_document_id_whatever_its_type(tmp_path):
         resolve_gold([Example("x", "q", "c", " y", gold_doc=0)], store)  # not a row number
     with pytest.raises(ValueError, match="gold_doc must be a document id"):
         resolve_gold([Example("x", "q", "c", " y", gold_doc=1.5)], store)
+    # gold_passage: passage ids of the store, one paragraph of a document cut into many
+    rows = [{"id": "p", "question": "q", "answer": "y", "gold_passage": 1},
+            {"id": "d", "question": "q", "answer": "y", "gold_doc": "doc-a"}]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = resolve_gold(qa_examples(tmp_path / "q.jsonl"), store)
+    assert [e.gold_doc for e in read] == [(1,), (0, 1)]
+    for listed in (store, list(store)):  # a store looks ids up; a list is read once
+        with pytest.raises(ValueError, match="gold_passage 9 is no passage id of the store"):
+            resolve_gold([Example("x", "q", "c", " y", gold_doc=(1, 9))], listed)
     # the trainer: recall of string ids equals recall of the same passages' int ids
     named = [dataclasses.replace(e, gold_doc=str(e.gold_doc)) for e in TRAIN]
     docs = [dataclasses.replace(p, source_id=str(p.id)) for p in PASSAGES]

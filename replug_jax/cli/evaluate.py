@@ -171,7 +171,8 @@ def _card_text(fit: dict) -> str:
 
 def _add_data_args(p, what: str) -> None:
     p.add_argument("file", type=existing_file,
-                   help=f"{what}: JSONL of {{question, answer, id?, gold_doc?, group?}} "
+                   help=f"{what}: JSONL of {{question, answer, id?, gold_doc? or "
+                   "gold_passage?, group?} "
                    "(QA) or {text, id?, group?} (texts), or a .txt file (one text); formats in "
                    "docs/data.md")
     p.add_argument("--limit", type=positive_int, default=None,
@@ -216,10 +217,10 @@ def add_parsers(sub) -> None:
     ev.add_argument("--no-generate", action="store_true",
                     help="QA: score the gold answers only, no greedy answers (no EM/F1)")
     ev.add_argument("--retrieval-only", action="store_true",
-                    help="QA with gold passages (gold_doc): each retrieving mode's passages, "
-                         "their weights λ and gold-passage recall (top1: recall@1), with no "
-                         "LM call (no log-likelihood, no answers; the LM's tokenizer still "
-                         "fits the prompts); mode none is dropped")
+                    help="QA with gold passages (gold_doc or gold_passage): each retrieving "
+                         "mode's passages, their weights λ and gold-passage recall (top1: "
+                         "recall@1), with no LM call (no log-likelihood, no answers; the LM's "
+                         "tokenizer still fits the prompts); mode none is dropped")
     ev.add_argument("--max-new-tokens", type=non_negative_int, default=16,
                     help="QA: answer length limit (default 16)")
     ev.add_argument("--compare-retriever", default=None,

@@ -3,13 +3,15 @@
 Both are JSONL, one example per line (the formats, with a worked example: ``docs/data.md``):
 
 - **QA**: ``{"question": str, "answer": str | [str, ...], "id"?: str, "gold_doc"?: int | str,
-  "group"?: str}``. ``"answers"``, and FlashRAG's ``"golden_answers"`` (its dataset files
-  ``{"id", "question", "golden_answers", "metadata"}`` read as they are), are accepted for
-  ``"answer"``; the first answer is the one whose log-likelihood is scored, any of them counts
-  for exact match and F1. ``gold_doc`` names the document that answers the question: the
-  corpus's document id, an integer or a string alike (every passage cut from it counts), the
-  same convention as LSR training files. ``group`` clusters questions for the bootstrap
-  (questions about one article are not independent).
+  "gold_passage"?: int | [int, ...], "group"?: str}``. ``"answers"``, and FlashRAG's
+  ``"golden_answers"`` (its dataset files ``{"id", "question", "golden_answers", "metadata"}``
+  read as they are), are accepted for ``"answer"``; the first answer is the one whose
+  log-likelihood is scored, any of them counts for exact match and F1. ``gold_doc`` names the
+  document that answers the question: the corpus's document id, an integer or a string alike
+  (every passage cut from it counts), the same convention as LSR training files;
+  ``gold_passage`` names passages of the store by id instead (the paragraph itself, where one
+  document is cut into many). ``group`` clusters questions for the bootstrap (questions about
+  one article are not independent).
 - **Text**: ``{"text": str, "id"?: str, "group"?: str}``; each text is cut into windows that
   are scored in turn (language modelling, bits per byte). A ``.txt`` file is one text.
 
@@ -23,6 +25,7 @@ import hashlib
 import pathlib
 
 from replug_jax.fileio import read_jsonl_lines
+from replug_jax.retrieval.store import gold_of
 
 KINDS = ("qa", "text")
 
@@ -32,7 +35,7 @@ class QAItem:
     id: str
     question: str
     answers: tuple[str, ...]
-    gold_doc: int | str | None = None
+    gold_doc: int | str | tuple[int, ...] | None = None  # a document, or passage ids
     group: str | None = None
 
 
@@ -162,11 +165,7 @@ def read_eval_file(path: str | pathlib.Path, kind: str | None = None,
             q = row.get("question")
             if not isinstance(q, str) or not q.strip():
                 raise ValueError(f"{where}: needs a non-empty 'question' (QA file)")
-            gold = row.get("gold_doc")
-            if gold is not None and (isinstance(gold, bool) or not isinstance(gold, (int, str))):
-                raise ValueError(f"{where}: 'gold_doc' must be a document id of the corpus "
-                                 f"(a string or an integer), got {gold!r}")
-            items.append(QAItem(item_id, q.strip(), _answers(row, where), gold,
+            items.append(QAItem(item_id, q.strip(), _answers(row, where), gold_of(row, where),
                                 _group(row, where)))
         else:
             t = row.get("text")

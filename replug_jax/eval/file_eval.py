@@ -94,8 +94,8 @@ def _qa_layout(pipe, chat_layout: str) -> str:
 
 
 def resolve_gold_ids(data: EvalData, index) -> dict[int, tuple[int, ...]]:
-    """Item index -> the passage ids its ``gold_doc`` names in ``index``'s store (refused in
-    one line when it names none)."""
+    """Item index -> the passage ids its gold (``gold_doc`` or ``gold_passage``) names in
+    ``index``'s store (refused in one line when it names none)."""
     from replug_jax.retrieval.store import gold_passages
 
     named = [(i, it) for i, it in enumerate(data.items) if it.gold_doc is not None]
@@ -117,7 +117,7 @@ def qa_rows(data: EvalData, systems: dict, settings: EvalSettings, records: path
         gold = resolve_gold_ids(data, pipe.index) or None  # one pass over the store per system
         if gold is None and not (settings.likelihood or settings.generate):
             raise ValueError(f"{data.path}: retrieval alone measures gold-passage recall, and "
-                             "no question names a gold passage (gold_doc) in the index")
+                             "no question names a gold passage (gold_doc or gold_passage)")
         for mode in modes:  # one evaluator per row: each row has its own key
             ev = QAEvaluator([it.question for it in data.items],
                              [list(it.answers) for it in data.items], range(len(data)),

@@ -242,28 +242,78 @@ class PassageStore:
             r += j - i
 
 
+def _known(store: PassageStore, ids: list[int]) -> list[int]:
+    """Those of passage ``ids`` that ``store`` holds."""
+    known = []
+    for i in ids:
+        try:
+            store.rows_of([i])
+        except KeyError:
+            continue
+        known.append(i)
+    return known
+
+
+def gold_of(row: dict, where: str) -> int | str | tuple[int, ...] | None:
+    """The gold of one question line: ``gold_doc`` (a document id of the corpus, an integer
+    or a string) or ``gold_passage`` (one passage id, or a list of them: the paragraph itself
+    where a document is cut into many), as :func:`gold_passages` takes it (passage ids as a
+    tuple). Both on one line, or a value of the wrong type, is refused naming ``where``."""
+    doc, psg = row.get("gold_doc"), row.get("gold_passage")
+    if doc is not None and psg is not None:
+        raise ValueError(f"{where}: give 'gold_doc' (a document) or 'gold_passage' (passage "
+                         "ids), not both")
+    if doc is not None:
+        if isinstance(doc, bool) or not isinstance(doc, (int, str)):
+            raise ValueError(f"{where}: 'gold_doc' must be a document id of the corpus "
+                             f"(a string or an integer), got {doc!r}")
+        return doc
+    if psg is None:
+        return None
+    ids = psg if isinstance(psg, list) else [psg]
+    if not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise ValueError(f"{where}: 'gold_passage' must be a passage id of the store (an "
+                         f"integer) or a non-empty list of them, got {psg!r}")
+    return tuple(ids)
+
+
 def gold_passages(gold_docs: Sequence, store, names: Sequence[str]) -> list:
-    """The passage ids each gold document names in ``store`` (any iterable of passages with
-    ``source_id``): a ``gold_doc`` is a document id of the corpus, whatever its JSON type
+    """The passage ids each gold names in ``store`` (any iterable of passages with ``id``
+    and ``source_id``): a ``gold_doc`` is a document id of the corpus, whatever its JSON type
     (``7`` and ``"7"`` name the same document: DPR's ``psgs_w100.tsv`` numbers its passages
     from 1, a corpus without ids numbers its lines from 1), and every passage cut from that
-    document counts. None and a tuple (passage ids already) pass through. A value that names
-    no document is refused in one line, naming the example (``names``), rather than scoring
-    recall 0 before and after training."""
+    document counts; a tuple (:func:`gold_of`'s ``gold_passage``) is passage ids already and
+    each must be in the store. None passes through. A value that names nothing in the store
+    is refused in one line, naming the example (``names``), rather than scoring recall 0
+    before and after training."""
     for name, g in zip(names, gold_docs):
         if g is not None and not isinstance(g, tuple) and (
                 isinstance(g, bool) or not isinstance(g, (int, str))):
             raise ValueError(f"example {name!r}: gold_doc must be a document id of the corpus "
                              f"(a string or an integer), got {g!r}")
     wanted = {str(g) for g in gold_docs if g is not None and not isinstance(g, tuple)}
+    named_ids = {i for g in gold_docs if isinstance(g, tuple) for i in g}
     by_source: dict[str, list[int]] = {}
-    if wanted:  # one pass over the store, only when documents are named
+    present: set[int] = set()
+    scan_ids = bool(named_ids) and not isinstance(store, PassageStore)
+    if named_ids and not scan_ids:  # a store looks its ids up without a pass
+        present = set(_known(store, sorted(named_ids)))
+    if wanted or scan_ids:  # one pass over the store, only when it must be read
         for p in store:
             if p.source_id in wanted:
                 by_source.setdefault(p.source_id, []).append(p.id)
+            if scan_ids and p.id in named_ids:
+                present.add(p.id)
     out = []
     for name, g in zip(names, gold_docs):
-        if g is None or isinstance(g, tuple):
+        if g is None:
+            out.append(g)
+            continue
+        if isinstance(g, tuple):
+            missing = [i for i in g if i not in present]
+            if missing:
+                raise ValueError(f"example {name!r}: gold_passage {missing[0]} is no passage "
+                                 f"id of the store ({len(store)} passages)")
             out.append(g)
             continue
         ids = by_source.get(str(g))

@@ -64,8 +64,8 @@ class LSRConfig:
     similarity: Literal["cosine", "dot"] = "cosine"  # Eq. 1; the official code used dot
     # data
     task: Literal["qa", "lm"] = "qa"
-    # JSONL: qa {"id","question","answer","gold_doc"?} (gold_doc: an int passage id or the
-    # corpus's string document id); lm {"id","text"}
+    # JSONL: qa {"id","question","answer","gold_doc"? | "gold_passage"?} (the corpus's
+    # document id, or passage ids of the store); lm {"id","text"}
     data: str = ""
     dev_data: str = ""
     dev_examples: int = 0  # evaluate on the first N dev examples (0 = all)

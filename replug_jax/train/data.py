@@ -17,6 +17,7 @@ import numpy as np
 from replug_jax.fileio import read_jsonl, read_jsonl_lines
 from replug_jax.prompts import qa_prompt
 from replug_jax.retrieval.corpus import document_id
+from replug_jax.retrieval.store import gold_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,9 +26,9 @@ class Example:
     query: str  # the retrieval query
     context: str  # the LM input that follows the document
     continuation: str  # the ground truth y
-    # the gold passage, when known (QA with gold passages): an int is a passage id, a string
-    # the corpus's own document id (every passage cut from it counts); resolve_gold makes
-    # both a tuple of passage ids
+    # the gold, when known (QA with gold passages): gold_doc, the corpus's own document id
+    # (every passage cut from it counts), or gold_passage, a tuple of passage ids;
+    # resolve_gold makes both a tuple of passage ids
     gold_doc: int | str | tuple[int, ...] | None = None
     source_id: str | None = None  # the document the example was cut from (lm task)
     span: tuple[int, int] | None = None  # its characters in that document (leakage filter)
@@ -35,7 +36,7 @@ class Example:
 
 def qa_examples(path: str | pathlib.Path,
                 demonstrations: Sequence[tuple[str, str]] = ()) -> list[Example]:
-    """``{"id","question","answer","gold_doc"?}`` lines -> examples with query = the question,
+    """``{"id","question","answer","gold_doc"? | "gold_passage"?}`` lines -> examples with query = the question,
     x = the plain question prompt of :func:`~replug_jax.prompts.qa_prompt` (after the few-shot
     ``demonstrations``, as at inference) and y = ``" " + answer``."""
     out = []
@@ -46,7 +47,7 @@ def qa_examples(path: str | pathlib.Path,
                            qa_prompt(row["question"], demonstrations=demonstrations,
                                      chat=False),
                            " " + str(row["answer"]).strip(),
-                           row.get("gold_doc")))
+                           gold_of(row, f"{path}: line {i + 1}")))
     return out
 
 
