@@ -51,6 +51,7 @@ from experiments.lib.lsr_qa_data import (
     generate_answers,
     nq_transfer,
     open_study,
+    write_question_file,
 )
 from experiments.lib.lsr_qa_report import chosen_name
 from experiments.lib.lsr_qa_results import BASE, across_folds
@@ -358,6 +359,10 @@ class QATask:
         payload, _, chosen = across_folds(tested, cfg, self.study)
         if cfg.recall_dev:  # the step was selected on these dev questions' recall@1
             payload["questions"]["dev_recall"] = len(self.study.dev_all[:cfg.recall_dev])
+        if len(tested) == 1:  # the primary endpoint's questions, for `replug eval`
+            payload["test_questions"] = write_question_file(
+                self.study.recall_test or self.study.questions(0, "test"),
+                self.work / "test_questions.jsonl")
         if cfg.variant_from:
             payload["variant_rule"] = {"from": cfg.variant_from, "rule": REGISTERED_RULE}
         params = tested[0]["params"] if len(tested) == 1 else None

@@ -769,6 +769,35 @@ def test_lsr_temperature_tiny(data, tmp_path):
     assert reg["chosen"] == best and set(reg["runs"]) == {best, best + "/shuffled-Q control"}
     assert reg["questions"]["dev_recall"] > reg["questions"]["dev"] == 2  # all dev articles
     assert reg["variant_rule"]["rule"].startswith("the finished temperature study's variant")
+    # the command line reruns the primary endpoint: the study's datastore merged into one
+    # index, the chosen run exported, an index of its passage tower, `replug eval` comparing
+    from experiments.lib.lsr_common import slug
+    from experiments.lib.lsr_qa_results import BASE
+    from experiments.lib.squad import DISTRACTOR_OFFSET
+    from replug_jax.cli import main as replug
+
+    questions = work / "test_questions.jsonl"
+    rows = [json.loads(line) for line in questions.read_text().splitlines()]
+    assert len(rows) == reg["test_questions"]["questions"] == reg["recall_test"]["questions"]
+    assert all(isinstance(r["gold_passage"], int) and r["group"] for r in rows)
+    store, rel = tmp_path / "store", tmp_path / "released"
+    assert replug(["index", "merge", str(work / "squad_index"),
+                   str(tmp_path / "work" / "index_enwiki4"), "--out", str(store),
+                   "--offsets", "0", str(DISTRACTOR_OFFSET)]) == 0
+    assert replug(["export-retriever", "--workdir", str(work / "runs" / slug(best)),
+                   "--out", str(rel)]) == 0
+    assert replug(["index", "build", "--corpus", str(store / "passages.arrow"), "--retriever",
+                   str(rel / "passage_encoder"), "--out", str(tmp_path / "rel_index"),
+                   "--chunk-unit", "none"]) == 0
+    assert replug(["eval", str(questions), "--index", str(store), "--retriever", "minilm",
+                   "--lm", "smollm2", "--modes", "top1", "--retrieval-only", "-k", "1",
+                   "--compare-retriever", str(rel), "--compare-index", str(tmp_path / "rel_index"),
+                   "--output", str(tmp_path / "verdict"), "--resamples", "200"]) == 0
+    verdict = json.loads((tmp_path / "verdict" / "results.json").read_text())
+    recall = reg["recall_test"]["recall"]
+    assert verdict["rows"]["top1"]["gold_recall_at_k"] == pytest.approx(recall[BASE]["1"])
+    assert verdict["rows"]["top1@trained"]["gold_recall_at_k"] == pytest.approx(
+        recall[best]["1"])  # float16 towers: the same top passage on these questions
     # a partial result while the study runs: --report-only trains nothing and says so
     for folder in (tmp_path / "out" / "lsr_temperature" / "tiny_runs",
                    tmp_path / "work" / "lsr_temperature_tiny"):

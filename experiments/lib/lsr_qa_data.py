@@ -61,6 +61,21 @@ class Study:
         return [self.pool_sets[name][i] for i in rows]
 
 
+def write_question_file(questions, path: pathlib.Path) -> dict:
+    """The test questions as a ``replug eval`` file (``{"id", "question", "answers",
+    "gold_passage", "group"}``: the gold paragraph by its datastore id, grouped by article),
+    so that ``replug eval --retrieval-only --compare-retriever`` reruns the study's recall
+    from the command line; returns its path, question count and SHA-256 for the results.
+    It lives in the work folder: the questions are SQuAD's, which stays in the shared data."""
+    text = "".join(json.dumps({"id": q.id, "question": q.question, "answers": list(q.answers),
+                               "gold_passage": q.paragraph, "group": q.article},
+                              ensure_ascii=False) + "\n" for q in questions)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return {"path": str(path), "questions": len(questions),
+            "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
 def examples_of(questions) -> list[Example]:
     """x = the plain QA prompt, y = " " + the first reference answer, query = the question."""
     return [Example(q.id, q.question, qa_prompt(q.question, chat=False), " " + q.answers[0],
