@@ -62,7 +62,7 @@ from replug_jax.retrieval.encoder import Retriever
 from replug_jax.train.pool import (
     build_pool,
     embed_pool,
-    fit_tau,
+    fit_pool_tau,
     oracle_logliks,
     pool_logliks,
     score_pairs,
@@ -321,8 +321,8 @@ class QATask:
         dev_s = (base_dev_scores if params is None else pool_scores(
             self.retriever, params, pools["dev"], fold.examples["dev"], self.by_id,
             self.frozen))
-        out["tau"][name], out["dev_ll"][name] = fit_tau(pools["dev"], dev_s, cfg.k,
-                                                        cfg.tau_grid)
+        out["tau"][name], out["dev_ll"][name] = fit_pool_tau(pools["dev"], dev_s, cfg.k,
+                                                             cfg.tau_grid)
         set_name, rows = study.folds[fold.index]["test"]
         test_qs = study.questions(fold.index, "test")
         res = (_rows_of(self.base_res[set_name], rows) if params is None else

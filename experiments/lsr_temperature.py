@@ -41,7 +41,7 @@ from replug_jax.config import apply_overrides
 from replug_jax.eval.stats import paired_bootstrap
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.pool import (
-    fit_tau,
+    fit_pool_tau,
     masked_log_softmax,
     pool_logliks,
     top_k_in_pool,
@@ -119,7 +119,7 @@ def dev_measures(task, qa_cfg, pools, examples, recall_qs, tau_grid):
     def measure(params) -> dict:
         s = pool_scores(task.retriever, params, pools["dev"], examples["dev"], task.by_id,
                         task.frozen)
-        tau, _ = fit_tau(pools["dev"], s, qa_cfg.k, tau_grid)
+        tau, _ = fit_pool_tau(pools["dev"], s, qa_cfg.k, tau_grid)
         return {"dev_recall_hits": hits(params).astype(int).tolist(), "dev_tau": tau,
                 "dev_pool_logliks": pool_logliks(pools["dev"], s, qa_cfg.k, tau).tolist()}
     return hits, measure

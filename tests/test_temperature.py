@@ -8,7 +8,7 @@ import pytest
 
 from replug_jax.eval.stats import bpb_difference, format_interval, paired_bootstrap
 from replug_jax.branches import BranchCache, mixture_logliks
-from replug_jax.eval.temperature import cross_fit_logliks, fit_temperature
+from replug_jax.eval.temperature import cross_fit_logliks, fit_tau, fit_temperature
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage
 from replug_jax.retrieval import index_in_memory
@@ -71,6 +71,25 @@ def test_fitted_temperature_finds_a_known_optimum():
     assert fit_temperature(_two_branch_cache(10, 0))["at_bound"]
     held, taus = cross_fit_logliks(_two_branch_cache(40, 10), folds=2)
     assert held.shape == (50,) and len(taus) == 2 and all(0.1 < t < 1.0 for t in taus)
+
+
+def test_one_fitter_over_a_grid_or_a_bounded_search():
+    """fit_tau takes any log-likelihood of τ: over a grid the best value (the first on a
+    tie, an end of the grid flagged), without one the continuous optimum, which the grid's
+    best brackets; a grid of no or non-positive values is refused."""
+    cache = _two_branch_cache(8, 2)
+    optimum = 0.5 / math.log(4.0)  # 0.36
+    loglik = lambda t: float(mixture_logliks(cache, t).sum())  # noqa: E731
+    grid = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
+    fit = fit_tau(loglik, grid=grid)
+    assert fit["temperature"] == max(grid, key=loglik) == 0.3 and not fit["at_bound"]
+    assert fit["loglik"] == loglik(0.3) and fit["grid"] == list(grid)
+    assert fit_tau(loglik, grid=(0.05, 0.1))["at_bound"]  # the optimum lies above
+    assert fit_tau(lambda t: 0.0, grid=(0.2, 0.1, 0.3))["temperature"] == 0.2  # first of a tie
+    assert fit_tau(loglik)["temperature"] == pytest.approx(optimum, rel=1e-3)
+    for bad in ((), (0.1, 0.0)):
+        with pytest.raises(ValueError, match="positive values"):
+            fit_tau(loglik, grid=bad)
 
 
 def test_paired_bootstrap_on_hand_made_examples():

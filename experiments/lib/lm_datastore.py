@@ -39,6 +39,7 @@ import numpy as np
 from experiments.lib.common import ROOT, load_retriever, require_data
 from replug_jax.core.ensemble import mixture_logprobs, retrieval_log_weights
 from replug_jax.eval.perplexity import WindowSettings, sliding_windows, split_wikitext
+from replug_jax.eval.temperature import fit_tau
 from replug_jax.fileio import atomic_path, write_text_atomic
 from replug_jax.lm.score_store import ScoreStore, StoredLM, scorer_identity
 from replug_jax.replug import Replug
@@ -352,16 +353,16 @@ def fitted_tau(scored: dict, article_of: np.ndarray, grid, folds: int, seed: int
     """τ cross-fitted over articles: articles in ``folds`` seeded folds; each fold's windows
     use the τ of ``grid`` that maximises the log-likelihood of the other folds' windows.
     Returns ``(per-window τ [N], per-fold τ list)``."""
-    grid = [float(t) for t in grid]
     arts = np.unique(article_of)
     fold_of_article = dict(zip(np.random.default_rng(seed).permutation(arts),
                                itertools.cycle(range(folds))))
     fold = np.array([fold_of_article[a] for a in article_of])
-    ll_GN = np.stack([window_logliks(scored, tau=t) for t in grid])
+    ll_of = {float(t): window_logliks(scored, tau=t) for t in grid}
     tau_N, chosen = np.ones(len(article_of)), []
     for f in range(folds):
         train = fold != f
-        best = grid[int(np.argmax(ll_GN[:, train].sum(1)))] if train.any() else 1.0
+        best = fit_tau(lambda t: float(ll_of[t][train].sum()), grid=grid)["temperature"] \
+            if train.any() else 1.0
         tau_N[fold == f] = best
         chosen.append(best)
     return tau_N, chosen

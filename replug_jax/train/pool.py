@@ -32,6 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax.branches import BranchCache, mixture_logliks
+from replug_jax.eval.temperature import fit_tau
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.retrieval import corpus_text
 from replug_jax.train.data import Example
@@ -196,13 +197,13 @@ def shuffled_q(lm_EM: np.ndarray, valid_EM: np.ndarray, seed: int) -> np.ndarray
     return out
 
 
-def fit_tau(pool: ScoredPool, scores_EM: np.ndarray, k: int, grid) -> tuple[float, float]:
+def fit_pool_tau(pool: ScoredPool, scores_EM: np.ndarray, k: int, grid) -> tuple[float, float]:
     """(τ, mean log-likelihood at τ): the τ of ``grid`` that maximises REPLUG's mean
     log-likelihood of the targets with the retriever's top-``k`` within the pools (§3.2 with
-    a fitted τ: the τ REPLUG then infers at)."""
-    means = [float(np.mean(pool_logliks(pool, scores_EM, k, t))) for t in grid]
-    best = int(np.argmax(means))
-    return float(grid[best]), means[best]
+    a fitted τ: the τ REPLUG then infers at), by the one fitter
+    (:func:`~replug_jax.eval.temperature.fit_tau`)."""
+    fit = fit_tau(lambda t: float(np.mean(pool_logliks(pool, scores_EM, k, t))), grid=grid)
+    return fit["temperature"], fit["loglik"]
 
 
 def masked_log_softmax(x: np.ndarray, valid: np.ndarray) -> np.ndarray:

@@ -19,13 +19,14 @@ from typing import Callable, Sequence
 import numpy as np
 
 from replug_jax.core.ensemble import bits_per_byte
+from replug_jax.eval.temperature import fit_tau
 from replug_jax.fileio import atomic_path
 from replug_jax.train.data import Example, batch_indices
 from replug_jax.train.pool import (
     ScoredPool,
     embed_pool,
     fit_beta,
-    fit_tau,
+    fit_pool_tau,
     pool_logliks,
     shuffled_q,
 )
@@ -89,7 +90,7 @@ class PoolSource:
             if self.dev_pool is None:
                 raise ValueError("fitting τ or β needs a dev pool")
             s = self._dev_scores(None)
-            tau, _ = fit_tau(self.dev_pool, s, self.cfg.k, self.cfg.tau_grid)
+            tau, _ = fit_pool_tau(self.dev_pool, s, self.cfg.k, self.cfg.tau_grid)
             beta = fit_beta(self.dev_pool, s, self.cfg.k, tau, self.cfg.beta_grid,
                             self.cfg.lm_score)
             self.base_fit = {"tau": tau, "beta": beta}
@@ -148,12 +149,13 @@ class PoolSource:
         if self.dev_pool is not None:
             cfg = self.cfg
             s = self._dev_scores(params)
-            taus = (cfg.eval_tau,) if cfg.eval_tau > 0 else tuple(cfg.tau_grid)
-            lls = [pool_logliks(self.dev_pool, s, cfg.k, t) for t in taus]
-            best = int(np.argmax([float(np.sum(ll)) for ll in lls]))
-            out = {"dev_bpb": float(bits_per_byte(np.sum(lls[best], dtype=np.float64),
+            tau = cfg.eval_tau if cfg.eval_tau > 0 else fit_tau(
+                lambda t: float(np.sum(pool_logliks(self.dev_pool, s, cfg.k, t))),
+                grid=cfg.tau_grid)["temperature"]
+            ll = pool_logliks(self.dev_pool, s, cfg.k, tau)
+            out = {"dev_bpb": float(bits_per_byte(np.sum(ll, dtype=np.float64),
                                                   np.sum(self.dev_pool.branches.bytes_N))),
-                   "dev_loglik": float(np.mean(lls[best])), "tau": float(taus[best])}
+                   "dev_loglik": float(np.mean(ll)), "tau": float(tau)}
         if self.dev_recall is not None:
             out["dev_recall@1"] = float(self.dev_recall(params))
         return out
