@@ -24,8 +24,9 @@ The programs are the ones the library runs, built by the same functions:
   corpus split along N;
 - ``refresh_encode``: the retriever's embedding of a batch of passages (the refresh's step).
 
-On a GPU target without the GPU (no CUDA here), XLA cannot compile: run this command on the GPU
-host itself (``--topology`` omitted), where it compiles for the local devices.
+NVIDIA GPUs are compiled for without one through the CUDA plugin and a target description
+(:mod:`replug_jax.gpu_targets`: ``--target h100x8``); XLA then gives the memory but no cost
+analysis, and :func:`program_flops` counts the flops.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from replug_jax import gpu_targets
 from replug_jax.lm.flax_decode import EnsembleDecoding
 from replug_jax.run_shapes import Shapes
 from replug_jax.sharding import (
@@ -59,7 +61,7 @@ GIB = 1 << 30
 # chip; the roofline max(flops / peak, bytes / bandwidth) stands in, named as such.
 CHIPS = {"TPU v4": (32, 275, 1200), "TPU v5 lite": (16, 197, 819), "TPU v5e": (16, 197, 819),
          "TPU v5": (95, 459, 2765), "TPU v5p": (95, 459, 2765),
-         "TPU v6 lite": (32, 918, 1640), "TPU v6e": (32, 918, 1640)}
+         "TPU v6 lite": (32, 918, 1640), "TPU v6e": (32, 918, 1640), **gpu_targets.chips()}
 
 
 def target_devices(topology: str | None, slices: int = 1) -> list:
@@ -99,7 +101,7 @@ def chip_memory(devices: list, override_gib: float | None = None) -> tuple[int |
         return int(override_gib * GIB), "given"
     kind = getattr(devices[0], "device_kind", "")
     if kind in CHIPS:
-        return CHIPS[kind][0] * GIB, f"{kind} specification"
+        return int(CHIPS[kind][0] * GIB), f"{kind} specification"
     try:
         return int(devices[0].memory_stats()["bytes_limit"]), "the device's allocator limit"
     except (AttributeError, KeyError, TypeError, RuntimeError, NotImplementedError):
@@ -258,6 +260,41 @@ def xla_cost(compiled) -> dict[str, float]:
             "optimal_seconds": float(cost.get("optimal_seconds", -1.0))}
 
 
+def program_flops(lm_cfg, bert_cfg, s: Shapes, devices: int, remat: bool = True
+                  ) -> dict[str, float]:
+    """Each program's flops per device by arithmetic, for targets whose compiler gives no
+    cost analysis (XLA:GPU compiled ahead of time): dense matmuls, 2 flops per multiply-add,
+    attention over every key of the cache or sequence (no causal skipping), the work split
+    evenly over ``devices``. :func:`DecoderConfig.flops_per_token
+    <replug_jax.models.decoder.DecoderConfig.flops_per_token>` is the forward pass per token
+    with the vocabulary head; the head is left out where a program computes no logits (the
+    KV-reuse prefix) or only the last position's (the prefill). The LSR step is the forward
+    pass of both towers three times over (forward and backward) and once more under
+    ``remat``;
+    the top-k, one dot product per (query, passage); the refresh, the passage tower forward.
+    ``tests/test_compile_check.py`` holds these against XLA's own counts on the CPU."""
+    fpt = lm_cfg.flops_per_token if lm_cfg is not None else None
+    out = {}
+    if fpt is not None:
+        head = 2 * (lm_cfg.embed_dim or lm_cfg.hidden_size) * lm_cfg.vocab_size
+        b, length, prompt = s.lm_batch, s.context, s.context - s.new_tokens
+        k = max(1, min(s.lsr_docs, b))
+        out.update(
+            lm_score=b * length * fpt(length),
+            lm_kv_prefix=b * s.prefix_len * (fpt(s.prefix_len) - head),
+            lm_kv_suffix=b * s.suffix_len * fpt(s.prefix_len + s.suffix_len),
+            prefill=b * prompt * (fpt(length) - head) + b * head,
+            decode_step=max(1, b // k) * k * fpt(length))
+    if bert_cfg is not None:
+        enc = bert_cfg.flops_per_token
+        towers = (s.lsr_batch * s.query_len * enc(s.query_len)
+                  + s.lsr_batch * s.lsr_docs * s.doc_len * enc(s.doc_len))
+        rows = -(-s.encode_batch // devices) * devices
+        out.update(lsr_step=towers * (4 if remat else 3), topk=2 * s.topk_queries * s.corpus
+                   * bert_cfg.hidden_size, refresh_encode=rows * s.doc_len * enc(s.doc_len))
+    return {name: float(total) / devices for name, total in out.items()}
+
+
 def layer_costs(cfg, mesh: Mesh, dtype, s: Shapes) -> dict[str, Callable[[], dict]]:
     """``{name: () -> cost}``: what XLA's cost analysis leaves out of each LM program.
 
@@ -283,12 +320,13 @@ def layer_costs(cfg, mesh: Mesh, dtype, s: Shapes) -> dict[str, Callable[[], dic
 
 
 def measure(lowered_fn: Callable[[], object], memory_bytes: int | None,
-            headroom: float, chip: str = "", missing_cost: Callable[[], dict] | None = None
-            ) -> dict:
-    """Compile one program; its bytes per device (XLA's memory analysis), whether they fit
-    ``memory_bytes`` less ``headroom`` (a fraction kept free), and XLA's cost analysis, with
-    ``missing_cost()`` added (the layers a loop hides: :func:`layer_costs`)."""
-    compiled = lowered_fn().compile()
+            headroom: float, chip: str = "", missing_cost: Callable[[], dict] | None = None,
+            options: dict | None = None, flops: float | None = None) -> dict:
+    """Compile one program (with XLA ``options``); its bytes per device (XLA's memory
+    analysis), whether they fit ``memory_bytes`` less ``headroom`` (a fraction kept free),
+    and XLA's cost analysis, with ``missing_cost()`` added (the layers a loop hides:
+    :func:`layer_costs`); where XLA counts no flops, ``flops`` (:func:`program_flops`)."""
+    compiled = lowered_fn().compile(compiler_options=options or None)
     m = compiled.memory_analysis()
     arg, out = int(m.argument_size_in_bytes), int(m.output_size_in_bytes)
     alias, temp = int(m.alias_size_in_bytes), int(m.temp_size_in_bytes)
@@ -307,11 +345,13 @@ def measure(lowered_fn: Callable[[], object], memory_bytes: int | None,
            "xla_estimated_seconds": (cost["optimal_seconds"] if cost["optimal_seconds"] > 0
                                      else None),
            "layers_in_cost": "every layer (a scanned layer's cost times the depth)"
-           if missing_cost is not None else "as compiled"}
+           if missing_cost is not None else "as compiled", "flops_from": "XLA"}
+    if not row["flops"] and flops is not None:  # XLA:GPU ahead of time counts nothing
+        row.update(flops=flops, flops_from="arithmetic (program_flops)", bytes_accessed=None)
     if chip in CHIPS:  # the roofline bound at the chip's peak (flops and bytes per device)
         _, tflops, gbps = CHIPS[chip]
         row["roofline_seconds"] = max(row["flops"] / (tflops * 1e12),
-                                      row["bytes_accessed"] / (gbps * 1e9))
+                                      (row["bytes_accessed"] or 0.0) / (gbps * 1e9))
     if memory_bytes:
         row["fits"] = total <= (1.0 - headroom) * memory_bytes
         row["fraction_of_chip"] = total / memory_bytes
@@ -320,11 +360,13 @@ def measure(lowered_fn: Callable[[], object], memory_bytes: int | None,
 
 def compile_check(programs: dict[str, Callable[[], object]], memory_bytes: int | None,
                   headroom: float = 0.1, progress: bool = True, chip: str = "",
-                  missing_costs: dict[str, Callable[[], dict]] | None = None
+                  missing_costs: dict[str, Callable[[], dict]] | None = None,
+                  options: dict | None = None, flops: dict[str, float] | None = None
                   ) -> dict[str, dict]:
     """Every program compiled and measured (:func:`measure`, with ``missing_costs[name]``
-    where given); a program XLA refuses is reported with its error instead of stopping the
-    others."""
+    and ``flops[name]`` where given); a program XLA refuses is reported with its error
+    instead of stopping the others, as not fitting only where the compiler says memory ran
+    out (not shared memory: a kernel's limit, a compile error)."""
     from tqdm.auto import tqdm
 
     out = {}
@@ -332,13 +374,14 @@ def compile_check(programs: dict[str, Callable[[], object]], memory_bytes: int |
                          disable=not progress):
         try:
             out[name] = measure(fn, memory_bytes, headroom, chip,
-                                (missing_costs or {}).get(name))
+                                (missing_costs or {}).get(name), options,
+                                (flops or {}).get(name))
         except Exception as err:  # noqa: BLE001 — XLA's errors are many kinds; report them
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             out[name] = {"error": f"{type(err).__name__}: {first[:300]}", "fits": False}
             # the TPU compiler refuses a program that cannot fit: it states what it needs
             need = re.search(r"required for HLO temporaries \(([\d.]+)([KMGT])\)", first)
-            if "RESOURCE_EXHAUSTED" in first:
+            if "RESOURCE_EXHAUSTED" in first and "shared memory" not in first.lower():
                 out[name]["does_not_fit"] = True
                 if need:
                     scale = {"K": 1 << 10, "M": 1 << 20, "G": GIB, "T": 1 << 40}[need[2]]
@@ -359,12 +402,17 @@ def format_report(rows: dict[str, dict], memory_bytes: int | None, where: str) -
             lines.append(f"{name:<16} {what}: {r['error']}")
             continue
         est = r.get("xla_estimated_seconds") or r.get("roofline_seconds")
+        moved = r["bytes_accessed"]
         lines.append(f"{name:<16}{r['argument_gib']:8.2f}{r['output_gib']:8.2f}"
                      f"{r['donated_gib']:9.2f}{r['temporary_gib']:8.2f}{r['total_gib']:11.2f}"
                      f"{('yes' if r.get('fits') else 'NO') if 'fits' in r else '?':>6}"
-                     f"{r['flops'] / 1e12:9.3f}{r['bytes_accessed'] / 1e9:10.2f}"
+                     f"{r['flops'] / 1e12:9.3f}"
+                     + (f"{moved / 1e9:10.2f}" if moved is not None else f"{'-':>10}")
                      + (f"{est * 1e3:10.2f}" if est is not None else f"{'-':>10}"))
     lines.append("est. ms: XLA's estimate where it gives one, else the roofline bound "
                  "max(flops / peak, bytes / bandwidth) at the chip's specification; totals "
                  "are arguments + outputs - donated + temporaries + code")
+    if any(r.get("flops_from", "XLA") != "XLA" for r in rows.values()):
+        lines.append("TFLOP by arithmetic (compile_check.program_flops): XLA gives no cost "
+                     "analysis for this target; GB moved unknown, so est. ms is flops / peak")
     return "\n".join(lines)

@@ -22,6 +22,9 @@ SMALL = ["--lm-batch", "8", "--context", "64", "--new-tokens", "8", "--prefix-le
 PROGRAMS = {"lm_score", "lm_kv_prefix", "lm_kv_suffix", "prefill", "decode_step", "lsr_step",
             "topk", "refresh_encode"}
 GIB = 1 << 30
+# the CUDA plugin (the gpu extra): GPU targets compile where it is installed
+CUDA_PLUGIN = (importlib.util.find_spec("jax_plugins") is not None
+               and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None)
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +192,124 @@ def test_the_scanned_layers_are_all_in_the_flops_and_bytes(tmp_path):
         assert row["layers_in_cost"].startswith("every layer")
     assert rows["lm_score"]["flops"] == pytest.approx(
         cc.xla_cost(unrolled[3]["lm_score"]().compile())["flops"], rel=0.02)
+
+
+MID_LM = {**TINY_LM, "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 688,
+          "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+          "max_position_embeddings": 512, "tie_word_embeddings": False}
+MID_BERT = {**TINY_BERT, "vocab_size": 1024, "hidden_size": 128, "num_attention_heads": 4,
+            "intermediate_size": 512, "max_position_embeddings": 128}
+MID = dict(lm_batch=8, context=256, new_tokens=16, prefix_len=64, suffix_len=64, lsr_batch=8,
+           lsr_docs=4, query_len=32, doc_len=64, corpus=65536, topk_queries=16, k=4,
+           encode_batch=64)
+
+
+def _mid_args(tmp_path) -> list[str]:
+    (tmp_path / "lm.json").write_text(json.dumps(MID_LM))
+    (tmp_path / "bert.json").write_text(json.dumps(MID_BERT))
+    return ["compile-check", "--lm-config", str(tmp_path / "lm.json"), "--retriever-config",
+            str(tmp_path / "bert.json"), "--json", "--mesh", "data=2,model=4",
+            *[a for k, v in MID.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
+
+
+def test_the_flops_arithmetic_agrees_with_xla_where_xla_counts(tmp_path, capsys):
+    """program_flops, what a GPU target reports in place of XLA's missing cost analysis, is
+    held against XLA's own count (every layer in it) on this machine: within 15 % for every
+    program that is matmul work; the decode step, memory-bound, it counts low (sampling and
+    the replicated vocabulary work are not matmuls it models), never high."""
+    from replug_jax.compile_check import program_flops
+    from replug_jax.lm.memory import read_lm_config
+    from replug_jax.models.bert import BertConfig
+    from replug_jax.run_shapes import Shapes
+
+    assert main(_mid_args(tmp_path)) == 0
+    rows = json.loads(capsys.readouterr().out)["programs"]
+    ours = program_flops(read_lm_config(tmp_path / "lm.json"), BertConfig.from_hf(MID_BERT),
+                         Shapes(**MID), 8)
+    assert set(ours) == PROGRAMS and all(r["flops_from"] == "XLA" for r in rows.values())
+    for name, row in rows.items():
+        ratio = ours[name] / row["flops"]
+        if name == "decode_step":
+            assert 0.2 < ratio <= 1.0, (name, ratio)
+        else:
+            assert 0.85 < ratio < 1.15, (name, ratio)
+    no_remat = program_flops(None, BertConfig.from_hf(MID_BERT), Shapes(**MID), 8, remat=False)
+    assert no_remat["lsr_step"] == pytest.approx(0.75 * ours["lsr_step"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--target", "h100x0"], "name a GPU and a device count"),
+    (["--target", "v100x8"], "one of h100xN, h200xN, a100xN"),
+    (["--target", "h100x8", "--topology", "v5e:2x4"], "not both")])
+def test_a_gpu_target_is_checked_before_anything_compiles(configs, capsys, extra, message):
+    code = main(["compile-check", "--lm-config", str(configs / "lm.json"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_gpu_target_descriptions_hold_the_published_properties():
+    """Each description names its device, compute capability and memory as the chip table
+    reads them; without the CUDA plugin a GPU target is one line naming the extra."""
+    from replug_jax.compile_check import CHIPS
+    from replug_jax.gpu_targets import GPUS, gpu_devices, parse_target
+
+    for key, spec in GPUS.items():
+        text = spec.target_config()
+        major, minor = spec.compute_capability
+        assert f"cuda_compute_capability {{ major: {major} minor: {minor} }}" in text
+        assert f"device_memory_size: {spec.memory_bytes}" in text
+        assert f'device_description_str: "{spec.name}"' in text
+        assert CHIPS[spec.name][0] == pytest.approx(spec.memory_bytes / GIB)
+        assert parse_target(f"{key.upper()}x2") == (spec, 2)
+    assert 79 < CHIPS["NVIDIA H100 80GB HBM3"][0] < 80 and CHIPS["NVIDIA H200"][0] > 140
+    if not CUDA_PLUGIN:
+        with pytest.raises(ValueError, match=r"pip install 'replug-jax\[gpu\]'"):
+            gpu_devices("h100x2")
+
+
+@pytest.mark.skipif(not CUDA_PLUGIN,
+                    reason="the CUDA plugin (the gpu extra, ~5 GB) is not installed")
+def test_every_program_compiles_for_gpus_this_machine_does_not_have(tmp_path):
+    """With the CUDA plugin, 8 x H100 from a CPU machine, as a user runs it (its own
+    process: JAX on the CPU before it loads): every description parses, every program
+    compiles with the GPU's code paths (cuDNN's fused attention in the scoring), its memory
+    is XLA's and its flops the arithmetic's, and the options a deviceless compile needs are
+    stated."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    argv = [a for a in _mid_args(tmp_path) if a != "--json"]
+    probe = f"""
+from replug_jax import compile_check as cc
+from replug_jax.gpu_targets import COMPILE_OPTIONS, GPUS, gpu_devices
+from replug_jax.lm.memory import read_lm_config
+from replug_jax.run_shapes import Shapes
+from replug_jax.sharding import for_target
+for key, spec in GPUS.items():
+    assert gpu_devices(key + 'x2')[0].device_kind == spec.name, key
+devices = gpu_devices('h100x2')
+with for_target(devices):
+    score = cc.lm_programs(read_lm_config({str(tmp_path / "lm.json")!r}),
+                           cc.target_mesh(devices, {{'model': 2}}), 'bfloat16',
+                           Shapes(lm_batch=4, context=256, prefix_len=64, suffix_len=64))
+    text = score['lm_score']().compile(compiler_options=COMPILE_OPTIONS).as_text()
+assert '__cudnn$fmha' in text, 'no cuDNN fused attention in the scoring program'
+"""
+    subprocess.run([sys.executable, "-c", probe], check=True, env=env)
+    out = tmp_path / "h100.json"
+    done = subprocess.run([sys.executable, "-m", "replug_jax.cli", *argv, "--target", "h100x8",
+                           "--out", str(out)], capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "XLA options xla_gpu_enable_cub_radix_sort=False" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["devices"] == 8
+    assert report["xla_options"] == {"xla_gpu_enable_cub_radix_sort": False,
+                                     "xla_gpu_enable_triton_gemm": False}
+    assert report["chip_memory_gib"] == pytest.approx(81_559 / 1024)
+    rows = report["programs"]
+    assert set(rows) == PROGRAMS and all(r["fits"] for r in rows.values())
+    assert all(r["flops_from"].startswith("arithmetic") and r["flops"] > 0
+               for r in rows.values())

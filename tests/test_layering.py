@@ -12,11 +12,13 @@ import replug_jax
 ROOT = pathlib.Path(replug_jax.__file__).parent
 
 # core ← models ← retrieval / lm ← replug / serve ← train / eval / demo ← cli
-# (fileio, extras, config, timing, map_limit, run_shapes: anywhere; compile_check beside train)
+# (fileio, extras, config, timing, map_limit, run_shapes, gpu_targets: anywhere; compile_check
+# beside train)
 LAYER = {"core": 0, "fileio": 0, "extras": 0, "config": 0, "timing": 0, "map_limit": 0,
          "prompts": 1, "models": 1, "sharding": 1, "retrieval": 2, "lm": 2, "replug": 3,
          "results": 3, "branches": 3, "serve": 3, "train": 4, "eval": 4, "demo": 4,
-         "compile_check": 4, "run_shapes": 0, "mesh_spec": 0, "remote": 0, "lazy": 0, "cli": 5}
+         "compile_check": 4, "gpu_targets": 0, "run_shapes": 0, "mesh_spec": 0, "remote": 0,
+         "lazy": 0, "cli": 5}
 
 
 def test_no_import_runs_up_the_layers():

@@ -17,21 +17,25 @@ RETRIEVER_PROGRAMS = ("lsr_step", "topk", "refresh_encode")
 
 def add_parsers(sub) -> None:
     d = Shapes()
-    p = command(sub, "compile-check", cmd_compile_check, check=_share_libtpu,
+    p = command(sub, "compile-check", cmd_compile_check, check=_before_jax,
                 help="compile a paper-scale run's programs for a target and check each fits",
                 description="Compiles, ahead of time and with nothing allocated, the frozen "
                             "LM's scoring (whole sequences and the KV-reuse prefix and suffix), "
                             "prefill and one decode step, and the retriever's LSR step with its "
                             "update, the exact top-k over a corpus shard and the refresh's "
                             "encode step, for a TPU topology (with the tpu-compile extra: "
-                            "libtpu answers on a CPU-only machine) or for this machine's "
-                            "devices. Prints per program and device the argument, output, "
+                            "libtpu answers on a CPU-only machine), NVIDIA GPUs (--target, "
+                            "with the gpu extra's CUDA plugin: no GPU needed) or this "
+                            "machine's devices. Prints per program and device the argument, output, "
                             "donated, temporary and total bytes against the chip's memory, and "
                             "XLA's flops and estimated time. Exit status 1 if any does not "
                             "fit or compile.")
     p.add_argument("--topology", default="",
                    help="a TPU topology such as v5e:2x4, v5e:4x4 or v5p:2x2x1 (default: this "
-                        "machine's devices; a GPU target is checked on the GPU host itself)")
+                        "machine's devices)")
+    p.add_argument("--target", default="",
+                   help="NVIDIA GPUs on one host, compiled for without them (the gpu extra's "
+                        "CUDA plugin): h100xN, h200xN or a100xN, e.g. h100x8")
     p.add_argument("--slices", type=positive_int, default=1,
                    help="with --topology: this many slices of it, joined by the data-center "
                         "network (the mesh's data or fsdp axis spans them; default 1)")
@@ -79,6 +83,12 @@ def _check_args(args) -> None:
                                              and args.chip_memory > 0):
         raise ValueError(f"--chip-memory is a device's memory in GiB, a finite positive "
                          f"number; got {args.chip_memory}")
+    if args.target and args.topology:
+        raise ValueError("give --topology (a TPU) or --target (NVIDIA GPUs), not both")
+    if args.target:
+        from replug_jax.gpu_targets import parse_target
+
+        parse_target(args.target)
     if args.slices > 1 and not args.topology:
         raise ValueError("--slices joins slices of a --topology; give one (e.g. --topology "
                          "v5e:2x4 --slices 2)")
@@ -87,13 +97,20 @@ def _check_args(args) -> None:
                          f"({args.context}): the prefill is context − new-tokens of prompt")
 
 
-def _share_libtpu(args) -> None:
+def _before_jax(args) -> None:
     """Before JAX loads: libtpu's lockfile would let only one process at a time describe a
-    topology (a second gets ABORTED); compiling for one needs no exclusive chip."""
+    topology (a second gets ABORTED); compiling for one needs no exclusive chip. For a GPU
+    target, JAX runs on the CPU: the CUDA plugin then describes GPUs without starting on
+    one (started as a backend on a machine without a GPU, it fails and offers no target)."""
     import os
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # a topology needs no cloud metadata
+    if getattr(args, "target", "") and "JAX_PLATFORMS" not in os.environ:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax  # imported already by the parser's modules: the setting, not the variable
+
+        jax.config.update("jax_platforms", "cpu")
 
 
 def cmd_compile_check(args) -> int:
@@ -113,7 +130,11 @@ def cmd_compile_check(args) -> int:
         bert_cfg = BertConfig.from_hf(json.loads(path.read_text()))
     else:
         bert_cfg = BertConfig()
-    devices = cc.target_devices(args.topology or None, args.slices)
+    from replug_jax.gpu_targets import COMPILE_OPTIONS, gpu_devices
+
+    devices = (gpu_devices(args.target) if args.target else
+               cc.target_devices(args.topology or None, args.slices))
+    options = COMPILE_OPTIONS if args.target else None  # stated in the report
     wanted_retriever = {"lsr_step", "retriever"} & set(args.programs)
     if wanted_retriever and args.lsr_batch % len(devices):
         raise ValueError(f"--lsr-batch {args.lsr_batch} does not divide over the target's "
@@ -129,22 +150,28 @@ def cmd_compile_check(args) -> int:
     with for_target(devices):  # the target's code paths, not this machine's
         if wanted & set(LM_PROGRAMS):
             programs.update(cc.lm_programs(lm_cfg, mesh, args.dtype, shapes))
-            missing_costs = cc.layer_costs(lm_cfg, mesh, args.dtype, shapes)
+            if not args.target:  # XLA:GPU ahead of time counts no cost to correct
+                missing_costs = cc.layer_costs(lm_cfg, mesh, args.dtype, shapes)
         if wanted & set(RETRIEVER_PROGRAMS):
             programs.update(cc.retriever_programs(bert_cfg, mesh, shapes,
                                                   remat=not args.no_remat))
         programs = {name: fn for name, fn in programs.items() if name in wanted}
         rows = cc.compile_check(programs, memory, args.headroom, progress=not args.json,
                                 chip=getattr(devices[0], "device_kind", ""),
-                                missing_costs=missing_costs)
-    report = {"target": args.topology or f"{len(devices)} local {devices[0].platform} "
-                                          "device(s)",
+                                missing_costs=missing_costs, options=options,
+                                flops=cc.program_flops(lm_cfg, bert_cfg, shapes, len(devices),
+                                                       remat=not args.no_remat))
+    report = {"target": args.target or args.topology or f"{len(devices)} local "
+                                                        f"{devices[0].platform} device(s)",
+              "xla_options": options or {},
               "device_kind": getattr(devices[0], "device_kind", ""),
               "devices": len(devices), "mesh": dict(mesh.shape), "dtype": args.dtype,
               "chip_memory_gib": memory / cc.GIB if memory else None, "chip_memory_from": where,
               "headroom": args.headroom, "shapes": vars(shapes), "programs": rows}
     if args.out is not None:
         write_json_atomic(report, args.out)
+    flags = ", ".join(f"{k}={v}" for k, v in (options or {}).items())
     emit(args, report, f"{report['target']} ({report['device_kind']}), mesh "
-         f"{report['mesh']}, {args.dtype}\n" + cc.format_report(rows, memory, where))
+         f"{report['mesh']}, {args.dtype}" + (f"; XLA options {flags}" if flags else "")
+         + "\n" + cc.format_report(rows, memory, where))
     return 0 if all(r.get("fits", True) and "error" not in r for r in rows.values()) else 1
