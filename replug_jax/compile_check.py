@@ -319,6 +319,38 @@ def layer_costs(cfg, mesh: Mesh, dtype, s: Shapes) -> dict[str, Callable[[], dic
     return {name: functools.partial(missing, name) for name in one}
 
 
+def topk_block_costs(bert_cfg, mesh: Mesh, s: Shapes, index_dtype=jnp.bfloat16
+                     ) -> dict[str, Callable[[], dict]]:
+    """``{"topk": () -> cost}``: what XLA's cost analysis leaves out of the exact top-k when
+    each device scans its rows in blocks (a ``lax.map`` whose body XLA counts once): the
+    other blocks, each the cost of the same search over one block's rows (straight-line
+    code), as :func:`layer_costs` does for the decoder's layers. Empty when one pass reads
+    every row (the accelerators' block at the default shapes)."""
+    from replug_jax.retrieval.jax_search import _sharded_topk_fn, block_rows
+
+    flat = Mesh(mesh.devices.reshape(-1), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    n_dev, d = flat.devices.size, bert_cfg.hidden_size
+    per_device = -(-s.corpus // n_dev)
+    block = block_rows(s.topk_queries, per_device, d * jnp.dtype(index_dtype).itemsize)
+    blocks = per_device // block
+    if blocks <= 1:
+        return {}
+    rep = NamedSharding(flat, PartitionSpec())
+    queries = jax.ShapeDtypeStruct((s.topk_queries, d), jnp.float32, sharding=rep)
+    one = jax.ShapeDtypeStruct((block * n_dev, d), index_dtype,
+                               sharding=NamedSharding(flat, PartitionSpec("data")))
+
+    def missing() -> dict:
+        fn = _sharded_topk_fn(flat, "data", s.k, block * n_dev, block, None, 256)
+        c = xla_cost(fn.lower(queries, one).compile())
+        out = {key: (blocks - 1) * c[key] for key in ("flops", "bytes_accessed")}
+        out["optimal_seconds"] = None if c["optimal_seconds"] <= 0 else \
+            (blocks - 1) * c["optimal_seconds"]
+        return out
+
+    return {"topk": missing}
+
+
 def measure(lowered_fn: Callable[[], object], memory_bytes: int | None,
             headroom: float, chip: str = "", missing_cost: Callable[[], dict] | None = None,
             options: dict | None = None, flops: float | None = None) -> dict:

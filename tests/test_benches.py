@@ -40,3 +40,25 @@ def test_the_framework_ceiling_compares_the_same_gradients():
 
     r = dense_chain(layers=2, n=64, d=16, f=32, repeats=1)
     assert r["ours_gflops"] > 0 and r["torch_gflops"] > 0 and r["layers"] == 2
+
+
+def test_the_lsr_run_is_costed_from_the_programs_arithmetic():
+    """benches/lsr_cost: at the paper's shapes the LM's scoring of 1,280 sequences of 384
+    tokens is the device's work per step, by hand: 1,280 × 384 × Llama-2-7B's forward flops
+    per token over 8 chips at the chip's peak; the refresh is amortised over 3,000 steps."""
+    from benches.lsr_cost import PAPER, SHAPES, device_seconds
+    from replug_jax.compile_check import CHIPS
+    from replug_jax.lm.memory import read_lm_config
+    from replug_jax.models.bert import BertConfig
+
+    lm = read_lm_config(SHAPES / "llama-2-7b.json")
+    chip = CHIPS["NVIDIA H100 80GB HBM3"]
+    d = device_seconds(lm, BertConfig(), chip, 8, lm_calls=20)
+    d_model, layers, ff = 4096, 32, 11008
+    per_token = layers * (2 * (4 * d_model * d_model + 3 * d_model * ff)
+                          + 4 * d_model * 384) + 2 * d_model * 32000
+    assert d["flops"]["lm_score"] == pytest.approx(1280 * 384 * per_token / 8)
+    assert d["roofline"]["lm_score"] == pytest.approx(1280 * 384 * per_token / 8 / 989.4e12)
+    assert max(d["roofline"], key=d["roofline"].get) == "lm_score"
+    refresh = PAPER["corpus"] * 128 * BertConfig().flops_per_token(128) / 8 / 989.4e12
+    assert d["roofline"]["refresh_encode"] == pytest.approx(refresh / PAPER["refresh_every"])

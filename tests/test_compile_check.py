@@ -313,3 +313,41 @@ assert '__cudnn$fmha' in text, 'no cuDNN fused attention in the scoring program'
     assert set(rows) == PROGRAMS and all(r["fits"] for r in rows.values())
     assert all(r["flops_from"].startswith("arithmetic") and r["flops"] > 0
                for r in rows.values())
+
+
+def test_the_top_k_scan_s_blocks_are_all_in_the_flops(monkeypatch):
+    """Each device scans its corpus rows in blocks (a loop XLA counts once) when their
+    scores exceed the block budget: the reported flops add the other blocks, and equal the
+    same search made in one pass (a budget that holds every row) within 10 % (each block's
+    own top-k of its bins is work the one pass does once)."""
+    import jax
+
+    from replug_jax import compile_check as cc
+    from replug_jax.models.bert import BertConfig
+    from replug_jax.retrieval import jax_search
+    from replug_jax.run_shapes import Shapes
+    from replug_jax.sharding import make_mesh
+
+    mesh = make_mesh(shape={"data": 8})
+    bert = BertConfig()  # 768 wide: the dot products are the search's work, as at scale
+    s = Shapes(corpus=8 * 8192, topk_queries=8, k=4, lsr_batch=8, lsr_docs=2, query_len=8,
+               doc_len=8, encode_batch=8)
+
+    def topk_row():
+        programs = cc.retriever_programs(bert, mesh, s)
+        return cc.compile_check({"topk": programs["topk"]}, None, progress=False,
+                                missing_costs=cc.topk_block_costs(bert, mesh, s))["topk"]
+
+    one_pass = topk_row()
+    assert not cc.topk_block_costs(bert, mesh, s)  # every row in one pass: nothing to add
+    # a budget just under the scores of every row: blocks of 128 rows, 64 of them per device
+    monkeypatch.setattr(jax_search, "CPU_BLOCK_BYTES", 4 * 8 * 8192 - 1)
+    jax_search._sharded_topk_fn.cache_clear()  # traced anew: the block is read at trace time
+    jax.clear_caches()
+    blocks = cc.topk_block_costs(bert, mesh, s)
+    assert set(blocks) == {"topk"}
+    scanned = topk_row()
+    assert scanned["flops"] == pytest.approx(one_pass["flops"], rel=0.10)
+    assert scanned["flops"] - blocks["topk"]()["flops"] < 0.3 * one_pass["flops"]
+    jax_search._sharded_topk_fn.cache_clear()  # no trace with the small budget outlives it
+    jax.clear_caches()

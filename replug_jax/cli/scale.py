@@ -155,6 +155,8 @@ def cmd_compile_check(args) -> int:
         if wanted & set(RETRIEVER_PROGRAMS):
             programs.update(cc.retriever_programs(bert_cfg, mesh, shapes,
                                                   remat=not args.no_remat))
+            if not args.target:  # the blocks of the top-k's scan, as the layers above
+                missing_costs.update(cc.topk_block_costs(bert_cfg, mesh, shapes))
         programs = {name: fn for name, fn in programs.items() if name in wanted}
         rows = cc.compile_check(programs, memory, args.headroom, progress=not args.json,
                                 chip=getattr(devices[0], "device_kind", ""),
