@@ -30,7 +30,7 @@ picks on dev by its registered rule (``variant_from``), selected on recall@1 of 
 questions (``recall_dev``).
 
 Usage: ``python -m experiments.lsr_qa [--config default|confirm|confirm_recall|tau_confirm|nq|
-tiny] [--set key=value] [--stage pools|train|all]``.
+tiny] [--set key=value] [--stage pools|train|primary|all]``.
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ from experiments.lib.lsr_qa_data import (
     write_question_file,
 )
 from experiments.lib.lsr_qa_report import chosen_name
-from experiments.lib.lsr_qa_results import BASE, across_folds
+from experiments.lib.lsr_qa_results import BASE, across_folds, recall_endpoint
 from experiments.lib.pool_study import Fold, run_params, run_study
-from replug_jax.fileio import atomic_path
+from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.lm.score_store import ScoreStore, scorer_identity
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.train.pool import (
@@ -338,6 +338,40 @@ class QATask:
                 r: (wide.ids[:, :r] == every_gold[:, None]).any(1).astype(float)
                 for r in cfg.recall_ks}
         return res
+
+    def primary(self, tested: list) -> None:
+        """A recall study's primary endpoint alone (``--stage primary``), for ``tested``'s
+        (fold, finished runs): every retriever's gold-paragraph hits on every test question
+        against the base, clustered by article, as the full test computes them (τ fitted on
+        dev alike), written to ``<config>_primary.json`` as a partial result: the
+        gatekeeping log-likelihood and so the release rule are not in it."""
+        cfg = self.cfg
+        if cfg.primary != "recall@1" or len(tested) != 1:
+            raise SystemExit("--stage primary: a one-fold study whose primary endpoint is "
+                             "recall@1 (its LM-free endpoint)")
+        fold, runs = tested[0]
+        out = {"tau": {}, "dev_ll": {}, "hits": {}}
+        for name in (BASE, *runs):
+            params = None if name == BASE else run_params(self.retriever, fold, name)
+            self.retrieval(fold, name, params, fold.pools["dev"].branches.scores_NK, out)
+        articles = [q.article for q in self.study.questions(fold.index, "test")]
+        payload = {"partial": "the primary endpoint alone, computed while the test's LM pairs "
+                              "are scored: no log-likelihood gate and no release decision yet",
+                   "config": vars(cfg), "chosen": chosen_name(runs),
+                   "recall_test": recall_endpoint(cfg, [out], out["hits"], self.study,
+                                                  articles),
+                   "tau": out["tau"],
+                   "test_questions": write_question_file(
+                       self.study.recall_test or self.study.questions(0, "test"),
+                       self.work / "test_questions.jsonl")}
+        if cfg.variant_from:
+            payload["variant_rule"] = {"from": cfg.variant_from, "rule": REGISTERED_RULE}
+        path = pathlib.Path(self.args.out) / "lsr_qa" / f"{self.args.config}_primary.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(payload, path)
+        rec = payload["recall_test"]
+        print(f"{path}: recall@1 on {rec['questions']} questions ({rec['articles']} articles): "
+              + ", ".join(f"{n} {v['1']:.4f}" for n, v in rec["recall"].items()), flush=True)
 
     def answers(self, fold: Fold, name: str, sub, out: dict) -> None:
         """Greedy REPLUG answers with retriever ``name``'s top-k (``sub``: its retrieval of

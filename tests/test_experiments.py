@@ -763,10 +763,15 @@ def test_lsr_temperature_tiny(data, tmp_path):
     assert not (work / "pool_fresh_test").exists() and not (tmp_path / "out" / "lsr_qa").exists()
     trained = {p.name: p.stat().st_mtime_ns for p in (work / "runs").glob("*.npz")}
     assert len(trained) == 2  # the variant and its shuffled-Q control
+    lsr_qa.main(reg_argv + ["--stage", "primary"])  # recall alone: no LM pair, no release
+    primary = json.loads((tmp_path / "out" / "lsr_qa" / "tiny_tau_primary.json").read_text())
+    assert primary["partial"].startswith("the primary endpoint alone")
+    assert not (tmp_path / "out" / "lsr_qa" / "tiny_tau.json").exists()
     lsr_qa.main(reg_argv)  # the test: the trained runs are read back, not trained again
     assert {p.name: p.stat().st_mtime_ns for p in (work / "runs").glob("*.npz")} == trained
     reg = json.loads((tmp_path / "out" / "lsr_qa" / "tiny_tau.json").read_text())
     assert reg["chosen"] == best and set(reg["runs"]) == {best, best + "/shuffled-Q control"}
+    assert primary["recall_test"] == reg["recall_test"]  # the full test's endpoint, early
     assert reg["questions"]["dev_recall"] > reg["questions"]["dev"] == 2  # all dev articles
     assert reg["variant_rule"]["rule"].startswith("the finished temperature study's variant")
     # the command line reruns the primary endpoint: the study's datastore merged into one

@@ -56,11 +56,13 @@ class Fold:
 
 
 def stage_args(ap) -> None:
-    ap.add_argument("--stage", choices=("pools", "train", "all"), default="all",
+    ap.add_argument("--stage", choices=("pools", "train", "primary", "all"), default="all",
                     help="pools: build the datastore and score every pool (resumable), then "
                          "stop before any training; train: the pools, then train every "
                          "variant and stop before the test (with --pool-sets train,dev while "
-                         "another process scores the test pool); all: the whole study")
+                         "another process scores the test pool); primary: a recall study's "
+                         "primary endpoint alone (it needs no LM pair), written as a partial "
+                         "result while the test's LM pairs are scored; all: the whole study")
 
 
 def run_params(retriever, fold: Fold, name: str):
@@ -146,6 +148,13 @@ def run_study(task_type, argv, doc: str, configs: dict) -> None:
         task.build_pools()
         if args.stage == "pools":
             print("\n".join(task.pools_summary()), flush=True)
+            return
+        if args.stage == "primary":
+            if not hasattr(task, "primary"):
+                raise SystemExit(f"--stage primary: {type(task).__name__} has no primary "
+                                 "endpoint that needs no LM pair")
+            task.primary([(fold, train_variants(task, fold, only_finished=True))
+                          for fold in task.folds()])
             return
         if args.stage == "train":
             for fold in task.folds():
