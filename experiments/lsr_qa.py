@@ -42,7 +42,7 @@ import pathlib
 import numpy as np
 
 from experiments.lib import lm_datastore, lsr_qa_report, squad
-from experiments.lib.common import load_lm, run
+from experiments.lib.common import load_lm, provenance, run, write_results
 from experiments.configs.lsr_qa import CONFIGS
 from experiments.lib.lsr_common import REGISTERED_RULE, registered_variant, slug
 from experiments.lib.lsr_qa_data import (
@@ -56,7 +56,8 @@ from experiments.lib.lsr_qa_data import (
 from experiments.lib.lsr_qa_report import chosen_name
 from experiments.lib.lsr_qa_results import BASE, across_folds, recall_endpoint
 from experiments.lib.pool_study import Fold, run_params, run_study
-from replug_jax.fileio import atomic_path, write_json_atomic
+from replug_jax.eval.stats import format_interval
+from replug_jax.fileio import atomic_path
 from replug_jax.lm.score_store import ScoreStore, scorer_identity
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.train.pool import (
@@ -366,12 +367,15 @@ class QATask:
                        self.work / "test_questions.jsonl")}
         if cfg.variant_from:
             payload["variant_rule"] = {"from": cfg.variant_from, "rule": REGISTERED_RULE}
-        path = pathlib.Path(self.args.out) / "lsr_qa" / f"{self.args.config}_primary.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(payload, path)
+        payload["provenance"] = provenance()
         rec = payload["recall_test"]
-        print(f"{path}: recall@1 on {rec['questions']} questions ({rec['articles']} articles): "
-              + ", ".join(f"{n} {v['1']:.4f}" for n, v in rec["recall"].items()), flush=True)
+        table = [(n, f"{v['1']:.4f}", "" if n == BASE else format_interval(
+            rec["vs_base"][n]["1"])) for n, v in rec["recall"].items()]
+        write_results("lsr_qa", f"{self.args.config}_primary", payload, table,
+                      ("retriever", "test recall@1", "− base [95 % CI, by article]"),
+                      notes=f"Partial: {payload['partial']}; {rec['questions']} questions of "
+                            f"{rec['articles']} articles.", root=self.args.out,
+                      differences=lsr_qa_report.DIFFERENCES[cfg.dataset])
 
     def answers(self, fold: Fold, name: str, sub, out: dict) -> None:
         """Greedy REPLUG answers with retriever ``name``'s top-k (``sub``: its retrieval of
