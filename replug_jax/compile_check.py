@@ -269,8 +269,7 @@ def program_flops(lm_cfg, bert_cfg, s: Shapes, devices: int, remat: bool = True
     <replug_jax.models.decoder.DecoderConfig.flops_per_token>` is the forward pass per token
     with the vocabulary head; the head is left out where a program computes no logits (the
     KV-reuse prefix) or only the last position's (the prefill). The LSR step is the forward
-    pass of both towers three times over (forward and backward) and once more under
-    ``remat``;
+    pass of both towers three times over (forward and backward), once more under ``remat``;
     the top-k, one dot product per (query, passage); the refresh, the passage tower forward.
     ``tests/test_compile_check.py`` holds these against XLA's own counts on the CPU."""
     fpt = lm_cfg.flops_per_token if lm_cfg is not None else None

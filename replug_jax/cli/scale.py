@@ -26,10 +26,10 @@ def add_parsers(sub) -> None:
                             "encode step, for a TPU topology (with the tpu-compile extra: "
                             "libtpu answers on a CPU-only machine), NVIDIA GPUs (--target, "
                             "with the gpu extra's CUDA plugin: no GPU needed) or this "
-                            "machine's devices. Prints per program and device the argument, output, "
-                            "donated, temporary and total bytes against the chip's memory, and "
-                            "XLA's flops and estimated time. Exit status 1 if any does not "
-                            "fit or compile.")
+                            "machine's devices. Prints per program and device the argument, "
+                            "output, donated, temporary and total bytes against the chip's "
+                            "memory, and the flops (XLA's, or by arithmetic for GPUs) and "
+                            "estimated time. Exit status 1 if any does not fit or compile.")
     p.add_argument("--topology", default="",
                    help="a TPU topology such as v5e:2x4, v5e:4x4 or v5p:2x2x1 (default: this "
                         "machine's devices)")
