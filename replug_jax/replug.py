@@ -52,18 +52,6 @@ from replug_jax.retrieval import corpus_text, per_query_exclusions
 MODES = ("replug", "none", "concat", "top1", "random")
 
 
-def _renamed(old: str, old_value, new: str, new_value, default=None):
-    """``new_value``, or ``old_value`` passed under a keyword's older name (with a warning)."""
-    if old_value is None:
-        return new_value
-    if new_value is not None and new_value != default:
-        raise TypeError(f"pass {new}= only (its older name {old}= was given too)")
-    import warnings
-
-    warnings.warn(f"{old}= is now {new}=", DeprecationWarning, stacklevel=3)
-    return old_value
-
-
 @dataclasses.dataclass
 class _Call:
     """One call of a pipeline entry point: its settings, branches and cost baseline."""
@@ -82,12 +70,8 @@ class Replug:
     def __init__(self, lm, retriever=None, index=None, *, k: int = 10,
                  retrieval_temperature: float | None = None, separator: str = "\n\n",
                  mode: str = "replug", seed: int = 0, top_n: int = 20,
-                 nprobe: int | None = None, rerank: int | None = None,
-                 temperature: float | None = None):
-        """``retrieval_temperature`` is τ of λ = softmax(s/τ) (Eq. 2); ``temperature`` is its
-        older name, accepted with a warning."""
-        retrieval_temperature = _renamed("temperature", temperature, "retrieval_temperature",
-                                         retrieval_temperature)
+                 nprobe: int | None = None, rerank: int | None = None):
+        """``retrieval_temperature`` is τ of λ = softmax(s/τ) (Eq. 2)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if k <= 0:
@@ -382,14 +366,11 @@ class Replug:
                  sampling_temperature: float = 0.0, top_p: float = 1.0,
                  stop: Sequence[str] = (), queries: Sequence[str] | None = None,
                  mode: str | None = None, k: int | None = None, exclude_ids=None,
-                 seed: int | None = None, temperature: float | None = None,
+                 seed: int | None = None,
                  prefixes: Sequence[str] | None = None) -> list[GenerationResult]:
         """Coordinated decoding: each step's token comes from the mixture over the branches
-        and is appended to every branch (§3.2). Greedy when ``sampling_temperature == 0``
-        (``temperature`` is its older name, accepted with a warning). ``prefixes``: see
-        :meth:`branches`."""
-        sampling_temperature = _renamed("temperature", temperature, "sampling_temperature",
-                                        sampling_temperature, default=0.0)
+        and is appended to every branch (§3.2). Greedy when ``sampling_temperature == 0``.
+        ``prefixes``: see :meth:`branches`."""
         call = self._start(prompts, queries, mode, k, exclude_ids, reserve=max_new_tokens,
                            prefixes=prefixes)
         mode, k, groups = call.mode, call.k, call.groups

@@ -155,7 +155,7 @@ def test_a_fitted_temperature_travels_with_the_retriever(tmp_path):
                 0.05, "the retriever's replug.json")
     assert Replug(tiny_lm(0), retriever, index,
                   retrieval_temperature=1.0).retrieval_temperature == 1.0
-    with pytest.warns(DeprecationWarning, match="temperature= is now retrieval_temperature="):
-        assert Replug(tiny_lm(0), retriever, index, temperature=0.5).retrieval_temperature == 0.5
+    with pytest.raises(TypeError, match="temperature"):  # one word, one meaning: τ is named
+        Replug(tiny_lm(0), retriever, index, temperature=0.5)
     with pytest.raises(ValueError, match="must be > 0"):
         record_temperature(folder, 0.0, {}, "")
