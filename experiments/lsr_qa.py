@@ -340,6 +340,12 @@ class QATask:
                 for r in cfg.recall_ks}
         return res
 
+    def question_file(self) -> dict:
+        """The primary endpoint's test questions as a ``replug eval`` file in the work
+        folder (:func:`~experiments.lib.lsr_qa_data.write_question_file`)."""
+        return write_question_file(self.study.recall_test or self.study.questions(0, "test"),
+                                   self.work / "test_questions.jsonl")
+
     def primary(self, tested: list) -> None:
         """A recall study's primary endpoint alone (``--stage primary``), for ``tested``'s
         (fold, finished runs): every retriever's gold-paragraph hits on every test question
@@ -362,9 +368,7 @@ class QATask:
                    "recall_test": recall_endpoint(cfg, [out], out["hits"], self.study,
                                                   articles),
                    "tau": out["tau"],
-                   "test_questions": write_question_file(
-                       self.study.recall_test or self.study.questions(0, "test"),
-                       self.work / "test_questions.jsonl")}
+                   "test_questions": self.question_file()}
         if cfg.variant_from:
             payload["variant_rule"] = {"from": cfg.variant_from, "rule": REGISTERED_RULE}
         payload["provenance"] = provenance()
@@ -398,9 +402,7 @@ class QATask:
         if cfg.recall_dev:  # the step was selected on these dev questions' recall@1
             payload["questions"]["dev_recall"] = len(self.study.dev_all[:cfg.recall_dev])
         if len(tested) == 1:  # the primary endpoint's questions, for `replug eval`
-            payload["test_questions"] = write_question_file(
-                self.study.recall_test or self.study.questions(0, "test"),
-                self.work / "test_questions.jsonl")
+            payload["test_questions"] = self.question_file()
         if cfg.variant_from:
             payload["variant_rule"] = {"from": cfg.variant_from, "rule": REGISTERED_RULE}
         params = tested[0]["params"] if len(tested) == 1 else None

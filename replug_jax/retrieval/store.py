@@ -243,7 +243,13 @@ class PassageStore:
 
 
 def _known(store: PassageStore, ids: list[int]) -> list[int]:
-    """Those of passage ``ids`` that ``store`` holds."""
+    """Those of passage ``ids`` that ``store`` holds (one vectorised lookup when it holds
+    them all, the usual case; id by id to find the missing)."""
+    try:
+        store.rows_of(ids)
+        return list(ids)
+    except KeyError:
+        pass
     known = []
     for i in ids:
         try:

@@ -149,10 +149,14 @@ class PoolSource:
         if self.dev_pool is not None:
             cfg = self.cfg
             s = self._dev_scores(params)
+            lls = {}  # τ -> the dev pool's log-likelihoods, each computed once
+
+            def total(t: float) -> float:
+                lls[t] = pool_logliks(self.dev_pool, s, cfg.k, t)
+                return float(np.sum(lls[t]))
             tau = cfg.eval_tau if cfg.eval_tau > 0 else fit_tau(
-                lambda t: float(np.sum(pool_logliks(self.dev_pool, s, cfg.k, t))),
-                grid=cfg.tau_grid)["temperature"]
-            ll = pool_logliks(self.dev_pool, s, cfg.k, tau)
+                total, grid=cfg.tau_grid)["temperature"]
+            ll = lls[tau] if tau in lls else pool_logliks(self.dev_pool, s, cfg.k, tau)
             out = {"dev_bpb": float(bits_per_byte(np.sum(ll, dtype=np.float64),
                                                   np.sum(self.dev_pool.branches.bytes_N))),
                    "dev_loglik": float(np.mean(ll)), "tau": float(tau)}
