@@ -81,15 +81,16 @@ def lsr_setup(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128, retriever: st
     from replug_jax.core.losses import lsr_loss
 
     model = load_retriever(retriever)
-    cfg = LSRConfig(retriever=retriever, k=k, batch_size=b, total_steps=1000, remat=remat)
+    cfg = LSRConfig.from_tree({"retriever.name": retriever, "k": k, "batch_size": b,
+                               "total_steps": 1000, "remat": remat})
     graphdef, template, params = split_params(model.model.encoder)
-    tx = cfg.optim_config.build(cfg.total_steps)
-    step, scores_fn = make_train_step(graphdef, template, cfg.objective_config, tx,
+    tx = cfg.optim.build(cfg.total_steps)
+    step, scores_fn = make_train_step(graphdef, template, cfg.objective, tx,
                                       model.model.pooling, model.normalize,
-                                      schedule=cfg.optim_config.schedule(cfg.total_steps),
+                                      schedule=cfg.optim.schedule(cfg.total_steps),
                                       remat=cfg.remat)
     grad = jax.jit(jax.value_and_grad(lambda p, bt: lsr_loss(
-        scores_fn(p, bt), bt["lm_scores"], cfg.gamma, cfg.beta, bt["doc_valid"])))
+        scores_fn(p, bt), bt["lm_scores"], cfg.objective.gamma, cfg.objective.beta, bt["doc_valid"])))
     return types.SimpleNamespace(
         retriever=model, cfg=cfg, tx=tx, step=step, scores_fn=scores_fn, grad=grad,
         params=params, batch=synthetic_batch(b, k, lq, ld, model.model.config.vocab_size))
@@ -237,11 +238,13 @@ def loop_run(folder: str, n: int) -> dict:
     (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     batch, k = 8, 4
     steps_per_epoch = max(n // batch, 1)
-    cfg = LSRConfig(retriever="minilm", lm="smollm2", task="qa", data=str(tmp / "train.jsonl"),
-                    corpus=str(folder / "corpus.jsonl"), chunk_size=0, query_max_length=32,
-                    doc_max_length=192, k=k, batch_size=batch, total_steps=3 * steps_per_epoch,
-                    refresh_every=steps_per_epoch, checkpoint_every=3 * steps_per_epoch,
-                    num_devices=1)
+    cfg = LSRConfig.from_tree({
+        "retriever": {"name": "minilm", "query_max_length": 32, "doc_max_length": 192},
+        "lm.name": "smollm2", "data": {"task": "qa", "train": str(tmp / "train.jsonl"),
+                                       "corpus": str(folder / "corpus.jsonl"), "chunk_size": 0},
+        "k": k, "batch_size": batch, "total_steps": 3 * steps_per_epoch,
+        "retrieval.refresh_every": steps_per_epoch, "checkpoint_every": 3 * steps_per_epoch,
+        "num_devices": 1})
     trainer = build_trainer(cfg, tmp / "work", progress=False)
     trainer.run()
     log = [json.loads(x) for x in (tmp / "work" / "metrics.jsonl").read_text().splitlines()]
@@ -273,7 +276,7 @@ def torch_step(source: str, batch, cfg, device: str):
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.learning_rate)
     t = {key: torch.from_numpy(np.asarray(v)).to(device) for key, v in batch.items()}
     b, k, ld = t["doc_ids"].shape
 
@@ -287,12 +290,12 @@ def torch_step(source: str, batch, cfg, device: str):
         q = encode(t["query_ids"], t["query_mask"])
         d = encode(t["doc_ids"].reshape(b * k, ld), t["doc_mask"].reshape(b * k, ld))
         s = torch.einsum("bd,bkd->bk", q, d.reshape(b, k, -1))
-        log_p = torch.log_softmax(s / cfg.gamma, -1)
-        log_q = torch.log_softmax(t["lm_scores"] / cfg.beta, -1)
+        log_p = torch.log_softmax(s / cfg.objective.gamma, -1)
+        log_q = torch.log_softmax(t["lm_scores"] / cfg.objective.beta, -1)
         loss = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
 
     return step

@@ -73,9 +73,10 @@ store = PassageStore.open(store_path)
 passages = store if mode == "store" else list(store)
 train = [Example(f"e{i}", f"question {i} about the river", f"Question {i}?", " Answer.")
          for i in range(64)]
-cfg = LSRConfig(retriever="tiny", lm="tiny", k=4, batch_size=8, total_steps=2,
-                refresh_every=1000, query_max_length=16, doc_max_length=32,
-                num_devices=1, leakage="none")
+cfg = LSRConfig.from_tree({
+    "retriever": {"name": "tiny", "query_max_length": 16, "doc_max_length": 32},
+    "lm.name": "tiny", "k": 4, "batch_size": 8, "total_steps": 2,
+    "retrieval.refresh_every": 1000, "num_devices": 1, "data.leakage": "none"})
 LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=lm, passages=passages, train=train,
            progress=False).run()
 time.sleep(0.1)

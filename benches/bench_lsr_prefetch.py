@@ -49,10 +49,12 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         for name, prefetch in (("synchronous", False), ("prefetched", True)):
             retriever = Retriever.load("minilm", max_length=128, query_max_length=32)
-            cfg = LSRConfig(retriever="minilm", lm="smollm2", k=4, batch_size=8,
-                            total_steps=args.steps, refresh_every=10_000,
-                            query_max_length=32, doc_max_length=128, num_devices=1,
-                            leakage="none", lm_prefetch=prefetch, checkpoint_every=10_000)
+            cfg = LSRConfig.from_tree({
+                "retriever": {"name": "minilm", "query_max_length": 32,
+                              "doc_max_length": 128},
+                "lm": {"name": "smollm2", "prefetch": prefetch}, "k": 4, "batch_size": 8,
+                "total_steps": args.steps, "retrieval.refresh_every": 10_000,
+                "num_devices": 1, "data.leakage": "none", "checkpoint_every": 10_000})
             trainer = LSRTrainer(cfg, pathlib.Path(tmp) / name, retriever=retriever,
                                  lm_scorer=lm, passages=passages, train=train,
                                  progress=False)

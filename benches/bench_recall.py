@@ -80,7 +80,7 @@ def main(argv=None):
             for p in r["points"]) + " |")
     (args.out / "recall.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    from replug_jax.extras import require
+    from replug_jax.imports import require
 
     matplotlib = require("matplotlib", "experiments", "plotting")
     matplotlib.use("Agg")

@@ -62,10 +62,11 @@ bcfg = BertConfig(hidden_size=dim, num_layers=1, num_heads=4, intermediate_size=
 retriever = Retriever(RetrieverModel(BertEncoder(bcfg, rngs=nnx.Rngs(0)),
                                      load_tokenizer("minilm"), bcfg, "mean", False, "tiny",
                                      "tiny"), similarity="cosine", max_length=32)
-cfg = LSRConfig(retriever="tiny", lm="tiny", index_backend="faiss", index_factory="Flat",
-                num_devices=1)
+cfg = LSRConfig.from_tree({"retriever.name": "tiny", "lm.name": "tiny",
+                           "retrieval": {"index_backend": "faiss", "index_factory": "Flat"},
+                           "num_devices": 1})
 store = PassageStore.open(store_path)
-refresher = IndexRefresher(workdir, cfg, retriever, store, None, params_now=dict,
+refresher = IndexRefresher(workdir, cfg.retrieval, retriever, store, None, params_now=dict,
                            process_index=0, process_count=pcount)
 refresher.index = refresher.build(0, {})  # the live index training searches
 time.sleep(0.1)

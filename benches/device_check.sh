@@ -104,8 +104,8 @@ else
   LM=$MODELS/smollm2 RETRIEVER=$MODELS/minilm
 fi
 if all; then
-  stage core_tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_core_ensemble.py \
-    tests/test_core_losses.py
+  stage core_tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/core/test_ensemble.py \
+    tests/core/test_losses.py
   stage bench_inference 150 "$PY" -m benches.bench_inference --quick --lm "$LM"
   stage bench_lsr 150 "$PY" -m benches.bench_lsr --retriever "$RETRIEVER" --remat
   # embedding throughput (MiniLM- and BERT-base-shaped, bf16): the hours for 21M / 36M passages

@@ -71,7 +71,7 @@ def host_seconds(queries: int, docs: int, repeats: int = 3) -> float:
 def device_seconds(lm_cfg, bert_cfg, chip: tuple, devices: int, lm_calls: int) -> dict:
     """Roofline seconds per step of each part on ``devices`` chips of ``chip``."""
     from replug_jax.compile_check import program_flops
-    from replug_jax.run_shapes import Shapes
+    from replug_jax.compile_targets import Shapes
 
     _, tflops, gbps = chip
     p = PAPER

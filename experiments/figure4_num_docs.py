@@ -43,7 +43,7 @@ from experiments.table1_lm import (
 from replug_jax.core.ensemble import mixture_logprobs, perplexity, retrieval_log_weights
 from replug_jax.eval.perplexity import LMEvaluator
 from replug_jax.eval.stats import bpb_difference, format_interval
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 
 DIFFERENCES = (
     "The paper's Figure 4 ensembles up to 100 documents with GPT-2/Codex on the Pile. Here: "

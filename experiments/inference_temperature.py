@@ -42,7 +42,7 @@ from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, chunk_documents, read_documents
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval import index_in_memory
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 from replug_jax.train.data import read_demonstrations
 
 DIFFERENCES = (

@@ -17,6 +17,7 @@ import numpy as np
 
 from experiments.lib.common import RESULTS, new_figure, provenance, run, save_figure, write_results
 from experiments.lib.lsr_common import BASE_DATA, BASE_DATA_LM
+from replug_jax.train.config import LSRConfig
 
 DIFFERENCES_LM = (
     "The paper trains Contriever from GPT-3 Curie likelihoods on 800K Pile sequences (x = 128 "
@@ -76,7 +77,7 @@ def main(argv=None):
                "prescore": prescore, "lm_seconds_per_pair_in_steps": per_pair_step,
                "lm_seconds_per_step": float(np.mean([r["lm_seconds"] for r in log])),
                "seconds": seconds, "provenance": provenance()}
-    cfg = config["config"]
+    cfg = LSRConfig.from_record(config["config"])
     cost = (f" Supervision: {payload['lm_seconds_per_step']:.1f} s of LM scoring per step"
             + (f"; the candidate pool (top-{prescore['pool']} of {prescore['examples']} "
                f"examples, {prescore['new_pairs']} pairs) was scored up front in "
@@ -88,8 +89,9 @@ def main(argv=None):
     out = write_results(
         args.experiment, args.name, payload, table, ("dev metric", "untrained retriever",
                                               "after LSR"),
-        notes=(f"{len(log)} steps of batch {cfg['batch_size']}, k={cfg['k']}, γ={cfg['gamma']}, "
-               f"β={cfg['beta']}, {cfg['direction']}, lr {cfg['learning_rate']}; loss "
+        notes=(f"{len(log)} steps of batch {cfg.batch_size}, k={cfg.k}, "
+               f"γ={cfg.objective.gamma}, β={cfg.objective.beta}, {cfg.objective.direction}, "
+               f"lr {cfg.optim.learning_rate}; loss "
                f"{payload['loss_first_quarter']:.4f} (first quarter) → "
                f"{payload['loss_last_quarter']:.4f} (last quarter); {payload['lm_new_pairs']} "
                f"LM-scored pairs ({payload['lm_seconds']:.0f} s of {seconds:.0f} s); refresh "

@@ -39,7 +39,7 @@ from experiments.lib.pool_study import Fold, train_variants
 from experiments.lsr_qa import QATask, pool_scores, retrieve
 from replug_jax.config import apply_overrides
 from replug_jax.eval.stats import paired_bootstrap
-from replug_jax.train.config import LSRConfig
+from replug_jax.train.config import LSRConfig, SelectionConfig
 from replug_jax.train.pool import (
     fit_pool_tau,
     masked_log_softmax,
@@ -139,9 +139,12 @@ def summarize(runs: dict, base: dict, recall_arts, pool_arts, cfg) -> list[dict]
         hits, ll = np.array(r["dev_recall_hits"], float), np.array(r["dev_pool_logliks"])
         kept = next(c for c in r["curve"] if c["step"] == r["best_step"])
         trained = r["curve"][1:]
+        settings = LSRConfig.from_record(r["config"])
+        o = settings.objective
         rows.append({
-            "variant": name, "config": {k: r["config"][k] for k in (
-                "objective", "direction", "gamma", "beta", "lm_score", "total_steps")},
+            "variant": name, "config": {
+                "objective": o.kind, "direction": o.direction, "gamma": o.gamma,
+                "beta": o.beta, "lm_score": o.lm_score, "total_steps": settings.total_steps},
             "temperatures": r["temperatures"], "best_step": r["best_step"],
             "steps_run": r["steps_run"], "seconds": r["seconds"],
             "dev_recall@1": float(hits.mean()),
@@ -307,7 +310,7 @@ def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: i
              f"{base['dev_tau']:g}; fitted on the dev pool: τ = {base_fit.get('tau')}, "
              f"β = {base_fit.get('beta')}"
              + (" (on a bound of beta_grid: the mean KL(P_R‖Q) still falls there)"
-                if base_fit.get("beta") in (min(LSRConfig.beta_grid), max(LSRConfig.beta_grid))
+                if base_fit.get("beta") in (min(SelectionConfig.beta_grid), max(SelectionConfig.beta_grid))
                 else "") + f". Each run's step is kept by {cfg.select_on} on "
              "these same dev questions (optimistic: for choosing what to register, not a "
              "result). Entropies (nats; uniform over k = "

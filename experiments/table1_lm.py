@@ -41,7 +41,7 @@ from experiments.configs.table1_lm import CONFIGS
 from experiments.lib.datasets import build_pipe, wikitext_setup
 from replug_jax.eval.perplexity import LMEvaluator
 from replug_jax.eval.stats import bpb_difference, format_interval
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 
 WIKITEXT2_DIFFERENCES = (
     "The paper evaluates on the Pile with a 367M-document Pile training corpus, Contriever and "

@@ -28,7 +28,7 @@ from experiments.lib.datasets import wikipedia_passages
 from replug_jax.eval.mmlu import CATEGORIES, MMLUEvaluator, load_mmlu
 from replug_jax.replug import Replug
 from replug_jax.retrieval import index_in_memory
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 
 DIFFERENCES = (
     "The paper runs Codex 5-shot on all 57 subjects with top-10 documents from a Wikipedia dump. "

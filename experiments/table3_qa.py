@@ -38,7 +38,7 @@ from replug_jax.eval.stats import format_interval, paired_bootstrap
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage, read_documents
 from replug_jax.retrieval import index_in_memory
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 from replug_jax.train.data import read_demonstrations
 
 

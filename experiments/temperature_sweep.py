@@ -34,7 +34,7 @@ from experiments.lib.common import (
 from experiments.configs.temperature_sweep import CONFIGS
 from experiments.lib.lsr_common import BASE_DATA
 from replug_jax.retrieval.encoder import Retriever
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 from replug_jax.train.config import load_config
 from replug_jax.train.spec import ObjectiveConfig
 from replug_jax.fileio import read_jsonl
@@ -53,15 +53,15 @@ def subset_data(base, sweep, folder: pathlib.Path):
     """Train/dev JSONL with the first N questions each and a corpus of their gold passages
     (ids renumbered), written to ``folder``; returns the three paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    train = read_jsonl(base.data)
-    dev = read_jsonl(base.dev_data)
+    train = read_jsonl(base.data.train)
+    dev = read_jsonl(base.data.dev)
     if sweep.train_examples:
         train = train[:sweep.train_examples]
     if sweep.dev_examples:
         dev = dev[:sweep.dev_examples]
     if not sweep.train_examples and not sweep.dev_examples:
-        return base.data, base.dev_data, base.corpus
-    passages = load_passages(base)
+        return base.data.train, base.data.dev, base.data.corpus
+    passages = load_passages(base.data)
     gold = sorted({int(r["gold_doc"]) for r in train + dev})
     new_id = {g: i for i, g in enumerate(gold)}
     paths = {name: folder / f"{name}.jsonl" for name in ("train", "dev", "corpus")}
@@ -79,16 +79,19 @@ def sweep_base(sweep, root: pathlib.Path):
     if sweep.data_dir:
         folder = pathlib.Path(sweep.data_dir)
         shots = folder / "demonstrations.jsonl"  # prepare.nq writes it beside the splits
-        base = dataclasses.replace(base, data=str(folder / "train.jsonl"),
-                                   dev_data=str(folder / "dev.jsonl"),
-                                   corpus=str(folder / "corpus.jsonl"),
-                                   qa_demonstrations=str(shots) if shots.exists() else "")
+        base = dataclasses.replace(base, data=dataclasses.replace(
+            base.data, train=str(folder / "train.jsonl"), dev=str(folder / "dev.jsonl"),
+            corpus=str(folder / "corpus.jsonl"),
+            qa_demonstrations=str(shots) if shots.exists() else ""))
     train_path, dev_path, corpus_path = subset_data(base, sweep, root / "data")
     return dataclasses.replace(
-        base, data=train_path, dev_data=dev_path, corpus=corpus_path, k=sweep.k,
-        batch_size=sweep.batch_size, total_steps=sweep.total_steps,
-        refresh_every=sweep.total_steps, checkpoint_every=sweep.total_steps,
-        refresh_mode="sync", learning_rate=sweep.learning_rate, num_devices=1)
+        base, data=dataclasses.replace(base.data, train=train_path, dev=dev_path,
+                                       corpus=corpus_path),
+        k=sweep.k, batch_size=sweep.batch_size, total_steps=sweep.total_steps,
+        retrieval=dataclasses.replace(base.retrieval, refresh_every=sweep.total_steps,
+                                      refresh_mode="sync"),
+        checkpoint_every=sweep.total_steps,
+        optim=dataclasses.replace(base.optim, learning_rate=sweep.learning_rate), num_devices=1)
 
 
 def grid(sweep, base: ObjectiveConfig) -> list[ObjectiveConfig]:
@@ -105,15 +108,16 @@ def train_one(cfg, workdir: pathlib.Path, shared_cache: pathlib.Path, lm, passag
     workdir.mkdir(parents=True, exist_ok=True)
     if shared_cache.exists():  # the parts are never rewritten: copying them is sharing them
         shutil.copytree(shared_cache, workdir / "lm_scores", dirs_exist_ok=True)
-    retriever = Retriever.load(cfg.retriever, similarity=cfg.similarity,
-                               max_length=cfg.doc_max_length)
+    retriever = Retriever.load(cfg.retriever.name, similarity=cfg.retriever.similarity,
+                               max_length=cfg.retriever.doc_max_length)
     trainer = LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=lm, passages=passages,
                          train=train, dev=dev, progress=progress)
     result = trainer.run()
     shutil.copytree(workdir / "lm_scores", shared_cache, dirs_exist_ok=True)
     log = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     dev_metrics = json.loads((workdir / "dev_metrics.json").read_text())
-    return {"direction": cfg.direction, "gamma": cfg.gamma, "beta": cfg.beta,
+    return {"direction": cfg.objective.direction, "gamma": cfg.objective.gamma,
+            "beta": cfg.objective.beta,
             "loss_first": log[0]["loss"], "loss_last": log[-1]["loss"],
             "agreement_mean": float(np.mean([r["argmax_agreement"] for r in log])),
             "entropy_p_r_last": log[-1].get("entropy_retriever"),
@@ -155,16 +159,17 @@ def main(argv=None):
     if args.fresh and root.exists():
         shutil.rmtree(root)
     common = sweep_base(sweep, root)
-    lm = load_lm(common.lm, common.lm_max_context)
-    passages = load_passages(common)
-    shots = read_demonstrations(common.qa_demonstrations) if common.qa_demonstrations else []
-    train, dev = qa_examples(common.data, shots), qa_examples(common.dev_data, shots)
+    lm = load_lm(common.lm.name, common.lm.max_context)
+    passages = load_passages(common.data)
+    shots = (read_demonstrations(common.data.qa_demonstrations)
+             if common.data.qa_demonstrations else [])
+    train, dev = qa_examples(common.data.train, shots), qa_examples(common.data.dev, shots)
     with Timer() as sw:
-        runs = [train_one(common.with_objective(objective),
+        runs = [train_one(dataclasses.replace(common, objective=objective),
                           root / f"{objective.direction}_g{objective.gamma}_b{objective.beta}",
                           root / "lm_scores", lm, passages, train, dev,
                           not args.no_progress)
-                for objective in grid(sweep, common.objective_config)]
+                for objective in grid(sweep, common.objective)]
     table = [(r["direction"], r["gamma"], r["beta"], f"{r['loss_first']:.4f}",
               f"{r['loss_last']:.4f}", f"{r['agreement_mean']:.2f}",
               f"{r['dev_final'].get('recall@1', float('nan')):.3f}",
@@ -179,7 +184,7 @@ def main(argv=None):
          "dev recall@1", "dev recall@5", "dev top-1 = LM best"),
         notes=(f"{len(train)} train / {len(dev)} dev questions, {len(passages)} passages, "
                f"k={common.k}, batch {common.batch_size}, {common.total_steps} steps, lr "
-               f"{common.learning_rate}; untrained retriever on dev: recall@1 "
+               f"{common.optim.learning_rate}; untrained retriever on dev: recall@1 "
                f"{initial.get('recall@1', float('nan')):.3f}, recall@5 "
                f"{initial.get('recall@5', float('nan')):.3f}, top-1 = LM best "
                f"{initial.get('top1_is_lm_best', float('nan')):.3f}; {sw.seconds:.0f} s."),

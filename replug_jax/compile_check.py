@@ -25,7 +25,7 @@ The programs are the ones the library runs, built by the same functions:
 - ``refresh_encode``: the retriever's embedding of a batch of passages (the refresh's step).
 
 NVIDIA GPUs are compiled for without one through the CUDA plugin and a target description
-(:mod:`replug_jax.gpu_targets`: ``--target h100x8``); XLA then gives the memory but no cost
+(:mod:`replug_jax.compile_targets`: ``--target h100x8``); XLA then gives the memory but no cost
 analysis, and :func:`program_flops` counts the flops.
 """
 
@@ -42,9 +42,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from replug_jax import gpu_targets
+from replug_jax import compile_targets
 from replug_jax.lm.flax_decode import EnsembleDecoding
-from replug_jax.run_shapes import Shapes
+from replug_jax.compile_targets import Shapes
 from replug_jax.sharding import (
     MESH_AXES,
     MODEL,
@@ -61,7 +61,7 @@ GIB = 1 << 30
 # chip; the roofline max(flops / peak, bytes / bandwidth) stands in, named as such.
 CHIPS = {"TPU v4": (32, 275, 1200), "TPU v5 lite": (16, 197, 819), "TPU v5e": (16, 197, 819),
          "TPU v5": (95, 459, 2765), "TPU v5p": (95, 459, 2765),
-         "TPU v6 lite": (32, 918, 1640), "TPU v6e": (32, 918, 1640), **gpu_targets.chips()}
+         "TPU v6 lite": (32, 918, 1640), "TPU v6e": (32, 918, 1640), **compile_targets.chips()}
 
 
 def target_devices(topology: str | None, slices: int = 1) -> list:

@@ -1,16 +1,20 @@
 """One way to configure a run: a file of named variants, ``file.py:variant`` or
 ``file.json:variant``, and ``--set key=value`` overrides coerced to each field's type. A
-config class that groups its fields into pieces (``PIECES = {"objective": {"gamma":
-"gamma", ...}, "lm": {"dtype": "lm_dtype", ...}}``: a piece's name for each field it holds)
-also takes dotted keys, ``objective.gamma=1``, ``lm.dtype=bfloat16`` or ``{"objective":
-{"gamma": 1}}``: the field is stored flat, so every config written before the pieces existed
-loads and hashes as it did.
+config made of pieces (fields whose default is itself a dataclass, as levanter's
+``TrainLmConfig`` nests ``trainer`` and ``optimizer``) is one tree: ``--set
+objective.gamma=1``, ``{"objective": {"gamma": 1}}`` and ``{"objective.gamma": 1}`` address
+the same field. A class's ``RENAMED`` (``{"gamma": "objective.gamma"}``) names the new key of
+each retired one, and a config that uses an old name is refused with it, in one line.
 ``replug train-lsr`` and every experiment script use it, and every problem is a
 :class:`ConfigError` naming the key.
 
 A Python config file defines ``CONFIGS = {"default": <dataclass instance or dict>, "tiny":
 ..., }``; a JSON one is an object of fields (variant ``default``) or ``{"configs": {variant:
-{fields}}}``.
+{fields}}}``; a dict is read as JSON is (:func:`build`).
+
+Mesh specifications are config text too (``"data=2,model=4"``, :func:`parse_mesh`), parsed
+here without JAX so that a config can be read and checked where JAX is not loaded
+(:mod:`replug_jax.sharding` builds the mesh).
 """
 
 from __future__ import annotations
@@ -118,49 +122,130 @@ def typed(field: dataclasses.Field, value):
                       + (" or null" if optional else "") + f", got {value!r}")
 
 
-def flat_key(cls, key: str) -> str:
-    """The field a key names: itself, or for ``piece.name`` the field ``cls.PIECES[piece]``
-    maps ``name`` to (a :class:`ConfigError` naming the nearest known keys otherwise)."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    pieces = getattr(cls, "PIECES", {})
-    piece, dot, name = key.partition(".")
-    if dot and piece in pieces:
-        if name in pieces[piece]:
-            return pieces[piece][name]
-        raise ConfigError(f"unknown config key {key!r}"
-                          f"{_nearest(key, [f'{piece}.{n}' for n in pieces[piece]])}")
-    if key not in names:
-        dotted = [f"{p}.{n}" for p, members in pieces.items() for n in members]
-        raise ConfigError(f"unknown config key {key!r}{_nearest(key, names + dotted)}")
-    return key
+def pieces(cls) -> dict:
+    """The nested pieces of a config class: ``{field name: piece class}`` for every field
+    whose default is a dataclass (``lm: LMConfig = field(default_factory=LMConfig)``)."""
+    return {f.name: f.default_factory for f in dataclasses.fields(cls)
+            if isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory)}
 
 
-def flatten(cls, values: dict) -> dict:
-    """A dict of fields with its pieces' nested dicts and dotted keys made flat."""
-    pieces, flat = getattr(cls, "PIECES", {}), {}
+def leaves(cls, prefix: str = "") -> list[str]:
+    """Every settable key of ``cls``, pieces' fields dotted (``objective.gamma``)."""
+    nested = pieces(cls)
+    return [key for f in dataclasses.fields(cls)
+            for key in (leaves(nested[f.name], f"{prefix}{f.name}.") if f.name in nested
+                        else [prefix + f.name])]
+
+
+def dotted(tree: dict, prefix: str = "") -> dict:
+    """A config's JSON tree as ``{dotted key: value}`` (``{"objective.gamma": 0.1, ...}``)."""
+    out = {}
+    for key, value in tree.items():
+        out.update(dotted(value, f"{prefix}{key}.") if isinstance(value, dict)
+                   else {prefix + key: value})
+    return out
+
+
+def field_at(cls, key: str) -> tuple[tuple[str, ...], dataclasses.Field]:
+    """``(path, field)`` of a dotted key; a :class:`ConfigError` naming the new key for a
+    name the class has retired (``cls.RENAMED``), or the nearest known keys otherwise."""
+    renamed = getattr(cls, "RENAMED", {})
+    if key in renamed:
+        raise ConfigError(f"config key {key!r} is now {renamed[key]!r}")
+    path, owner = key.split("."), cls
+    for i, name in enumerate(path):
+        fields = {f.name: f for f in dataclasses.fields(owner)}
+        nested = pieces(owner)
+        if name not in fields:
+            break
+        if i == len(path) - 1 and name not in nested:
+            return tuple(path), fields[name]
+        if name not in nested:
+            break
+        owner = nested[name]
+    raise ConfigError(f"unknown config key {key!r}{_nearest(key, leaves(cls))}")
+
+
+def build(cls, values: dict, where: str = ""):
+    """``cls`` from a JSON/Python tree: pieces as nested objects or dotted keys, leaves
+    checked against their field's type (:func:`typed`)."""
+    tree: dict = {}
     for key, value in values.items():
-        if key in pieces and isinstance(value, dict):
-            for name, inner in value.items():
-                flat[flat_key(cls, f"{key}.{name}")] = inner
+        head, dot, rest = key.partition(".")
+        value = dict(value) if isinstance(value, dict) else value
+        if dot:
+            value, key = {rest: value}, head
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            tree[key].update(value)
+        elif key in tree:
+            raise ConfigError(f"config key {where + key!r} given twice")
         else:
-            flat[flat_key(cls, key)] = value
-    return flat
+            tree[key] = value
+    nested, fields, kwargs = pieces(cls), {f.name: f for f in dataclasses.fields(cls)}, {}
+    renamed = getattr(cls, "RENAMED", {})
+    for name, value in tree.items():
+        if name in renamed and not (name in nested and isinstance(value, dict)):
+            raise ConfigError(f"config key {where + name!r} is now {where + renamed[name]!r}")
+        if name not in fields:
+            raise ConfigError(f"unknown config key {where + name!r}"
+                              f"{_nearest(where + name, leaves(cls, where))}")
+        if name in nested:
+            if isinstance(value, nested[name]):
+                kwargs[name] = value
+            elif isinstance(value, dict):
+                kwargs[name] = build(nested[name], value, f"{where}{name}.")
+            else:
+                raise ConfigError(f"{where}{name} is a group of settings: give an object "
+                                  f"of {', '.join(leaves(nested[name], where + name + '.'))}")
+        else:
+            kwargs[name] = typed(fields[name], value)
+    try:
+        return cls(**kwargs)
+    except ValueError as err:  # the dataclass's own validation
+        raise ConfigError(f"{where.rstrip('.') + ': ' if where else ''}{err}") from None
+
+
+def replace_all(cfg, changes: dict):
+    """``cfg`` with ``changes`` (``{path tuple: value}``) applied at once: each piece is
+    replaced (and checked) once with all of its changes, then the whole, so that settings
+    that only hold together (``supervision.kind=pool`` with its ``train_pool``) can be set
+    together."""
+    here = {path[0]: value for path, value in changes.items() if len(path) == 1}
+    inner: dict = {}
+    for path, value in changes.items():
+        if len(path) > 1:
+            inner.setdefault(path[0], {})[path[1:]] = value
+    for name, sub in inner.items():
+        here[name] = replace_all(getattr(cfg, name), sub)
+    return dataclasses.replace(cfg, **here)
+
+
+def updated(cfg, changes: dict):
+    """``cfg`` with ``{key: value}`` applied together, keys dotted (``{"objective.gamma":
+    0.5, "total_steps": 10}``), values checked as a JSON config's are (:func:`typed`)."""
+    paths = {}
+    for key, value in changes.items():
+        path, field = field_at(type(cfg), key)
+        paths[path] = typed(field, value)
+    try:
+        return replace_all(cfg, paths)
+    except ValueError as err:  # the dataclasses' own validation
+        raise ConfigError(str(err)) from err
 
 
 def apply_overrides(cfg, overrides: typing.Iterable[str]):
-    """``cfg`` with ``key=value`` overrides applied (later ones win); ``piece.name=value``
-    sets a piece's field (:func:`flat_key`)."""
-    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    """``cfg`` with ``key=value`` overrides applied together (later ones win);
+    ``piece.name=value`` sets a piece's field (:func:`field_at`)."""
     changes = {}
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} is not key=value")
-        key = flat_key(type(cfg), key)
-        changes[key] = coerce(fields[key], text)
+        path, field = field_at(type(cfg), key)
+        changes[path] = coerce(field, text)
     try:
-        return dataclasses.replace(cfg, **changes)
-    except ValueError as err:  # the dataclass's own validation
+        return replace_all(cfg, changes)
+    except ValueError as err:  # the dataclasses' own validation
         raise ConfigError(str(err)) from err
 
 
@@ -238,15 +323,9 @@ def select(configs: dict, variant: str, overrides: typing.Iterable[str] = (), *,
         if cls is None:
             raise ConfigError(f"{where}{variant}: a dict variant needs a config class")
         try:
-            fields = {f.name: f for f in dataclasses.fields(cls)}
-            values = {key: typed(fields[key], value)
-                      for key, value in flatten(cls, cfg).items()}
+            cfg = build(cls, cfg)
         except ConfigError as err:
             raise ConfigError(f"{where}{variant}: {err}") from None
-        try:
-            cfg = cls(**values)
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
     return apply_overrides(cfg, overrides)
 
 
@@ -263,3 +342,33 @@ def load(spec: str, overrides: typing.Iterable[str] = (), *, cls=None,
     variant = variant or "default"
     configs = read_variants(path_text)
     return select(configs, variant, overrides, cls=cls, where=f"{path_text}: "), variant
+
+
+DATA, FSDP, MODEL = "data", "fsdp", "model"
+MESH_AXES = (DATA, FSDP, MODEL)
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2,model=4"`` -> ``{"data": 2, "model": 4}``; axes are ``data``, ``fsdp`` and
+    ``model``, each at most once, each a positive integer."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, size = part.partition("=")
+        name = name.strip()
+        if not eq or name not in MESH_AXES or name in out:
+            raise ValueError(f"mesh {text!r}: expected axis=size pairs such as "
+                             f"'data=2,model=4' with axes from {', '.join(MESH_AXES)}, each "
+                             "at most once")
+        try:
+            out[name] = int(size)
+        except ValueError:
+            raise ValueError(f"mesh {text!r}: size of {name!r} is not an integer") from None
+        if out[name] < 1:
+            raise ValueError(f"mesh {text!r}: size of {name!r} must be at least 1")
+    if not out:
+        raise ValueError(f"mesh {text!r}: no axes given (e.g. 'model=8')")
+    return out
+
+
+def format_mesh(shape) -> str:
+    return ",".join(f"{k}={v}" for k, v in dict(shape).items())

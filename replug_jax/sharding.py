@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from replug_jax.mesh_spec import (  # noqa: F401 (re-exported: the mesh's text form)
+from replug_jax.config import (  # noqa: F401 (re-exported: the mesh's text form)
     DATA,
     FSDP,
     MESH_AXES,

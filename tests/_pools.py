@@ -37,19 +37,22 @@ def tiny_pool(tiny, directory, **kw):
 def pool_trainer(tiny, tmp_path, objective: str = "kl_retriever_to_lm", towers: str = "shared",
                  dev_recall=None, **kw):
     """The one trainer (``supervision="pool"``) on :func:`tiny_pool` (train = dev), one
-    device, a checkpoint every step; ``kw`` overrides the config."""
+    device, a checkpoint every step; ``kw`` overrides the config (dotted keys as
+    ``LSRConfig.updated`` takes them: ``**{"selection.metric": "pool_loglik"}``)."""
     from replug_jax.train.config import LSRConfig
     from replug_jax.train.loop import LSRTrainer
     from replug_jax.train.spec import OBJECTIVES
 
     pool, passages = tiny_pool(tiny, tmp_path / "pool")
     kind, direction = OBJECTIVES[objective]
-    cfg = LSRConfig(**{**dict(
-        supervision="pool", train_pool=str(tmp_path / "pool"), dev_pool=str(tmp_path / "pool"),
-        towers=towers, objective=kind, direction=direction,
-        lm_score="sum" if objective == "marginal" else "mean", k=2, total_steps=4,
-        batch_size=2, refresh_every=2, eval_every=1, learning_rate=1e-3, eval_tau=1.0,
-        select_on="last", num_devices=1, checkpoint_every=1, retriever="tiny"), **kw})
+    cfg = LSRConfig.from_tree({
+        "supervision": {"kind": "pool", "train_pool": str(tmp_path / "pool"),
+                        "dev_pool": str(tmp_path / "pool"), "towers": towers},
+        "objective": {"kind": kind, "direction": direction,
+                      "lm_score": "sum" if objective == "marginal" else "mean"},
+        "k": 2, "total_steps": 4, "batch_size": 2, "retrieval.refresh_every": 2,
+        "selection": {"every": 1, "tau": 1.0, "metric": "last"}, "optim.learning_rate": 1e-3,
+        "num_devices": 1, "checkpoint_every": 1, "retriever.name": "tiny"}).updated(kw)
     return LSRTrainer(cfg, tmp_path / "run", retriever=tiny[1], lm_scorer=None,
                       passages=passages, train=pool_examples(), dev=pool_examples(),
                       progress=False, pools=(pool, pool), dev_recall=dev_recall)

@@ -27,7 +27,7 @@ settings.register_profile("fixed", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
-from replug_jax.map_limit import map_count_and_limit  # noqa: E402
+from replug_jax.process import map_count_and_limit  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _CACHE = os.environ.get("REPLUG_JAX_CACHE_DIR", str(ROOT / ".jax_cache"))
@@ -63,7 +63,7 @@ def _drop_compiled_programs() -> None:
 
 # Each compiled CPU program maps its code in several regions: a long module (test_experiments
 # compiles thousands of programs) nears the kernel's default limit of 65,530 maps, past which
-# XLA aborts (replug_jax.map_limit). Compiled programs are dropped after any test that leaves
+# XLA aborts (replug_jax.process). Compiled programs are dropped after any test that leaves
 # more than this many.
 MAX_MAPS = 16_384
 
@@ -92,3 +92,33 @@ def _release_compiled_programs(request):
     if log:
         with open(log, "a") as out:
             out.write(f"{request.module.__name__}\t{before:.0f}\t{_rss_mib():.0f}\n")
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The packaged SmolLM2 behind our FastAPI server, in a thread on 127.0.0.1."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from replug_jax.lm.flax_scorer import FlaxLM
+    from replug_jax.serve.app import create_app
+    from tests._models import packaged_or_skip
+    from tests.helpers import free_port
+
+    packaged_or_skip("smollm2")
+    lm = FlaxLM.load("smollm2", max_context=512)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(lm, "smollm2"), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.05)
+    yield lm, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

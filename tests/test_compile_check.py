@@ -168,7 +168,7 @@ def test_the_scanned_layers_are_all_in_the_flops_and_bytes(tmp_path):
     layer's output (whole-sequence scoring), its flops equal the program compiled unrolled."""
     from replug_jax import compile_check as cc
     from replug_jax.lm.memory import read_lm_config
-    from replug_jax.run_shapes import Shapes
+    from replug_jax.compile_targets import Shapes
     from replug_jax.sharding import make_mesh
 
     def cfg(layers):
@@ -220,7 +220,7 @@ def test_the_flops_arithmetic_agrees_with_xla_where_xla_counts(tmp_path, capsys)
     from replug_jax.compile_check import program_flops
     from replug_jax.lm.memory import read_lm_config
     from replug_jax.models.bert import BertConfig
-    from replug_jax.run_shapes import Shapes
+    from replug_jax.compile_targets import Shapes
 
     assert main(_mid_args(tmp_path)) == 0
     rows = json.loads(capsys.readouterr().out)["programs"]
@@ -251,7 +251,7 @@ def test_gpu_target_descriptions_hold_the_published_properties():
     """Each description names its device, compute capability and memory as the chip table
     reads them; without the CUDA plugin a GPU target is one line naming the extra."""
     from replug_jax.compile_check import CHIPS
-    from replug_jax.gpu_targets import GPUS, gpu_devices, parse_target
+    from replug_jax.compile_targets import GPUS, gpu_devices, parse_target
 
     for key, spec in GPUS.items():
         text = spec.target_config()
@@ -283,9 +283,9 @@ def test_every_program_compiles_for_gpus_this_machine_does_not_have(tmp_path):
     argv = [a for a in _mid_args(tmp_path) if a != "--json"]
     probe = f"""
 from replug_jax import compile_check as cc
-from replug_jax.gpu_targets import COMPILE_OPTIONS, GPUS, gpu_devices
+from replug_jax.compile_targets import COMPILE_OPTIONS, GPUS, gpu_devices
 from replug_jax.lm.memory import read_lm_config
-from replug_jax.run_shapes import Shapes
+from replug_jax.compile_targets import Shapes
 from replug_jax.sharding import for_target
 for key, spec in GPUS.items():
     assert gpu_devices(key + 'x2')[0].device_kind == spec.name, key
@@ -325,7 +325,7 @@ def test_the_top_k_scan_s_blocks_are_all_in_the_flops(monkeypatch):
     from replug_jax import compile_check as cc
     from replug_jax.models.bert import BertConfig
     from replug_jax.retrieval import jax_search
-    from replug_jax.run_shapes import Shapes
+    from replug_jax.compile_targets import Shapes
     from replug_jax.sharding import make_mesh
 
     mesh = make_mesh(shape={"data": 8})

@@ -91,7 +91,7 @@ def test_a_missing_remote_path_is_one_clear_error(bucket):
 def test_a_remote_work_directory_is_refused_not_made_locally(tmp_path, monkeypatch):
     """pathlib would turn gs://bucket/run into a local folder gs:/bucket/run."""
     from replug_jax.train.loop import LSRTrainer
-    from tests.test_lsr import BASE, PASSAGES, TRAIN
+    from tests.helpers import BASE, PASSAGES, TRAIN
     from tests._models import tiny_lm, tiny_retriever
 
     monkeypatch.chdir(tmp_path)

@@ -11,28 +11,31 @@ The laptop variant uses 1e-4 (a bound of 1.2e-3) and LM scoring dominates its ti
 scores batch × k = 32 (example, passage) pairs of about 400 tokens on 2 CPU cores.
 """
 
-from replug_jax.train.config import LSRConfig
-
-_DATA = dict(task="lm", data="experiments/data/wikitext/train.jsonl",
-             dev_data="experiments/data/wikitext/dev.jsonl",
-             corpus="experiments/data/wikitext/corpus.jsonl", chunk_size=128,
-             chunk_unit="tokens", leakage="document", context_tokens=128,
-             continuation_tokens=128, query_max_length=128, doc_max_length=160,
-             lm_max_context=512)
+# nested as LSRConfig's pieces (replug_jax.train.config); `--set data.leakage=window` etc.
+_DATA = {"task": "lm", "train": "experiments/data/wikitext/train.jsonl",
+         "dev": "experiments/data/wikitext/dev.jsonl",
+         "corpus": "experiments/data/wikitext/corpus.jsonl", "chunk_size": 128,
+         "chunk_unit": "tokens", "leakage": "document", "context_tokens": 128,
+         "continuation_tokens": 128}
+_MINILM = {"name": "minilm", "query_max_length": 128, "doc_max_length": 160}
+_SMOLLM = {"name": "smollm2", "max_context": 512}
 
 CONFIGS = {
     # 12 steps of batch 8 (96 examples seen once, about 40 minutes on 2 shared cores), no
     # refresh within the run; the top-4 of the initial index is scored up front in large
-    # batches (prescore_pool).
-    "default": LSRConfig(retriever="minilm", lm="smollm2", k=4, batch_size=8,
-                         total_steps=12, refresh_every=12, checkpoint_every=4,
-                         learning_rate=1e-4, dev_examples=16, prescore_pool=4, **_DATA),
+    # batches (supervision.prescore_pool).
+    "default": {"retriever": _MINILM, "lm": _SMOLLM, "data": {**_DATA, "dev_examples": 16},
+                "k": 4, "batch_size": 8, "total_steps": 12, "checkpoint_every": 4,
+                "retrieval": {"refresh_every": 12}, "optim": {"learning_rate": 1e-4},
+                "supervision": {"prescore_pool": 4}},
     # CI: seconds.
-    "tiny": LSRConfig(retriever="minilm", lm="smollm2", k=2, batch_size=2, total_steps=2,
-                      refresh_every=2, checkpoint_every=1, refresh_mode="sync",
-                      dev_examples=2, lm_score="mean", **{**_DATA, "context_tokens": 32,
-                                                           "continuation_tokens": 16}),
+    "tiny": {"retriever": _MINILM, "lm": _SMOLLM,
+             "data": {**_DATA, "dev_examples": 2, "context_tokens": 32,
+                      "continuation_tokens": 16},
+             "k": 2, "batch_size": 2, "total_steps": 2, "checkpoint_every": 1,
+             "retrieval": {"refresh_every": 2, "refresh_mode": "sync"},
+             "objective": {"lm_score": "mean"}},
     # The paper's setting on an accelerator: k = 20, batch 64, 25k steps, refresh every 3k.
-    "gpu": LSRConfig(retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
-                     **{**_DATA, "lm_max_context": 1024}),
+    "gpu": {"retriever": {**_MINILM, "name": "facebook/contriever"},
+            "lm": {"name": "meta-llama/Llama-3.2-1B", "max_context": 1024}, "data": _DATA},
 }

@@ -203,7 +203,7 @@ def _write_readme(folder: pathlib.Path) -> None:
 
 def new_figure(ncols: int = 1, figsize=(5, 3), **kwargs):
     """``(fig, axes)`` from ``plt.subplots`` on the file-only Agg backend (no display)."""
-    from replug_jax.extras import require
+    from replug_jax.imports import require
 
     matplotlib = require("matplotlib", "experiments", "plotting experiment results")
     matplotlib.use("Agg")

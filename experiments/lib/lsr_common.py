@@ -8,15 +8,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import types
 
 import numpy as np
 
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.branches import BranchCache
-from replug_jax.train.config import LSRConfig
+from replug_jax.train.config import (
+    LMConfig,
+    LSRConfig,
+    RetrievalConfig,
+    RetrieverConfig,
+    SelectionConfig,
+    SupervisionConfig,
+)
 from replug_jax.train.pool import ScoredPool, score_pairs
-from replug_jax.train.spec import OBJECTIVES
+from replug_jax.train.spec import OBJECTIVES, ObjectiveConfig, OptimConfig
 from replug_jax.train.refresh import flatten_params
 
 # What every card and results page of a study trained from all-MiniLM-L6-v2 states (its model
@@ -49,24 +55,29 @@ def variants(cfg) -> list[LSRConfig]:
                 continue
             seen.add(key)
             kind, direction = OBJECTIVES[objective]
-            select_on = getattr(cfg, "select_on", "pool_loglik")
             out.append(LSRConfig(
-                supervision="pool", train_pool=f"{cfg.workdir}:train",
-                dev_pool=f"{cfg.workdir}:dev", retriever=cfg.retriever, lm=cfg.lm,
-                objective=kind, direction=direction, gamma=gamma,
-                beta=1.0 if objective == "marginal" else beta, k=cfg.k,
-                lm_score="sum" if objective == "marginal" else cfg.lm_score,  # its only score
-                total_steps=cfg.steps, batch_size=cfg.batch_size,
-                learning_rate=cfg.learning_rate, refresh_every=cfg.refresh_every,
-                eval_every=cfg.eval_every, patience=cfg.patience,
-                eval_tau=cfg.eval_temperature, tau_grid=tuple(getattr(
-                    cfg, "tau_grid", LSRConfig.tau_grid)), select_on=select_on,
-                towers=getattr(cfg, "towers", "shared"), seed=cfg.seed, num_devices=1,
+                supervision=SupervisionConfig(
+                    kind="pool", train_pool=f"{cfg.workdir}:train",
+                    dev_pool=f"{cfg.workdir}:dev", towers=getattr(cfg, "towers", "shared")),
+                retriever=RetrieverConfig(cfg.retriever), lm=LMConfig(cfg.lm),
+                objective=ObjectiveConfig(
+                    kind, direction, gamma, 1.0 if objective == "marginal" else beta,
+                    "sum" if objective == "marginal" else cfg.lm_score),  # its only score
+                selection=SelectionConfig(
+                    metric=getattr(cfg, "select_on", "pool_loglik"), patience=cfg.patience,
+                    every=cfg.eval_every, tau=cfg.eval_temperature,
+                    tau_grid=tuple(getattr(cfg, "tau_grid", SelectionConfig.tau_grid))),
+                optim=OptimConfig(learning_rate=cfg.learning_rate),
+                retrieval=RetrievalConfig(refresh_every=cfg.refresh_every), k=cfg.k,
+                total_steps=cfg.steps, batch_size=cfg.batch_size, seed=cfg.seed, num_devices=1,
                 checkpoint_every=cfg.eval_every, keep_checkpoints=1))
     if cfg.shuffled_control and out:  # the first variant again, on Q permuted within pools
         fixed = getattr(cfg, "control_steps", 0)  # a fixed budget: it cannot return the base
-        out.append(dataclasses.replace(out[0], shuffle_q=True, **(
-            {"total_steps": fixed, "select_on": "last"} if fixed else {})))
+        control = dataclasses.replace(out[0].supervision, shuffle_q=True)
+        out.append(dataclasses.replace(out[0], supervision=control, **(
+            {"total_steps": fixed,
+             "selection": dataclasses.replace(out[0].selection, metric="last")}
+            if fixed else {})))
     return out
 
 
@@ -92,9 +103,9 @@ def registered_variant(cfg):
                          "every variant: finish it (`python -m experiments.lsr_temperature`)")
     best = max(enumerate(rows), key=lambda ir: (ir[1]["dev_recall@1"],
                                                 ir[1]["dev_pool_loglik"], -ir[0]))[1]
-    c = best["config"]
-    name = objective_name(types.SimpleNamespace(objective=c["objective"],
-                                                direction=c["direction"]))
+    c = best["config"]  # the row's summary of its config (lsr_temperature.summarize)
+    name = objective_name(ObjectiveConfig(c["objective"], c["direction"], c["gamma"],
+                                          c["beta"], c["lm_score"]))
     return dataclasses.replace(cfg, objectives=(name,), grid=((c["gamma"], c["beta"]),),
                                lm_score=c["lm_score"])
 
@@ -104,30 +115,37 @@ def trained_with(stored: dict | None, v: LSRConfig) -> bool:
     the same fingerprint (what changes the trajectory) and the same budget."""
     if not isinstance(stored, dict):
         return False
-    try:
-        old = LSRConfig(**{k: tuple(x) if isinstance(x, list) else x
-                           for k, x in stored.items()})
-    except (TypeError, ValueError):  # a run of the retired pool trainer's config
+    old = run_config(stored)
+    if old is None:  # a run of the retired pool trainer's config
         return False
     return old.fingerprint() == v.fingerprint() and old.total_steps == v.total_steps
 
 
-def objective_name(v) -> str:
-    """The study's name of a run's objective (:data:`OBJECTIVES`; ``v``: an
-    :class:`LSRConfig`, or anything with its ``objective`` and ``direction``)."""
+def run_config(record: dict) -> LSRConfig | None:
+    """A study run's stored config (the tree, or the flat form of earlier runs), or None
+    for a run of the retired pool trainer, whose config the one trainer does not read."""
+    try:
+        return LSRConfig.from_record(record)
+    except ValueError:
+        return None
+
+
+def objective_name(objective: ObjectiveConfig) -> str:
+    """The study's name of an objective (:data:`OBJECTIVES`)."""
     return next(n for n, (kind, d) in OBJECTIVES.items()
-                if kind == v.objective and (kind == "marginal" or d == v.direction))
+                if kind == objective.kind and (kind == "marginal" or d == objective.direction))
 
 
 def label(v: LSRConfig) -> str:
-    gamma = f"{v.gamma:g}" if isinstance(v.gamma, float) else v.gamma
-    beta = (f"/β={v.beta:g}" if isinstance(v.beta, float) else f"/β={v.beta}") \
-        if v.objective != "marginal" else ""
+    o = v.objective
+    gamma = f"{o.gamma:g}" if isinstance(o.gamma, float) else o.gamma
+    beta = (f"/β={o.beta:g}" if isinstance(o.beta, float) else f"/β={o.beta}") \
+        if o.kind != "marginal" else ""
     # the studies before issue 66 ran KL on the mean (their labels name no Q); the sum, the
     # paper's Q, is named
-    q = "/Q=sum" if v.lm_score == "sum" and v.objective != "marginal" else ""
-    return f"{objective_name(v)}/γ={gamma}{beta}{q}" + (
-        "/shuffled-Q control" if v.shuffle_q else "")
+    q = "/Q=sum" if o.lm_score == "sum" and o.kind != "marginal" else ""
+    return f"{objective_name(o)}/γ={gamma}{beta}{q}" + (
+        "/shuffled-Q control" if v.supervision.shuffle_q else "")
 
 
 def slug(name: str) -> str:

@@ -7,8 +7,9 @@ import pathlib
 
 from experiments.lib.common import new_figure, save_figure, write_results
 from experiments.configs.lsr_qa import PRIMARY_ENDPOINT
-from experiments.lib.lsr_common import BASE_DATA
+from experiments.lib.lsr_common import BASE_DATA, run_config
 from replug_jax.eval.stats import format_interval
+from replug_jax.retrieval import fitted_tau
 
 
 DIFFERENCES = {
@@ -42,9 +43,9 @@ def card(cfg, retriever, payload: dict) -> tuple[dict, str]:
     r = p["systems"][chosen]
     settings = {"similarity": retriever.similarity, "query_max_length":
                 retriever.query_max_length, "doc_max_length": retriever.max_length,
-                "trained_from": cfg.retriever, "temperature": r["tau"],
-                "temperature_fit": {"data": "SQuAD train dev-split articles", "grid":
-                                    list(cfg.tau_grid)}}
+                "trained_from": cfg.retriever, fitted_tau.SETTINGS_KEY: fitted_tau.record(
+                    r["tau"], {"data": "SQuAD train dev-split articles",
+                               "grid": list(cfg.tau_grid)})}
     wide = p.get("recall_test")
     if wide:  # the primary endpoint: recall@1 over the whole datastore, every test question
         lead = (f"Better than its base: gold-paragraph recall@1 "
@@ -86,7 +87,8 @@ def chosen_name(runs: dict) -> str:
 
     def value(n):
         r = real[n]
-        if r["config"].get("select_on") == "recall@1":
+        settings = run_config(r["config"])
+        if settings is not None and settings.selection.metric == "recall@1":
             best = next(c for c in r["curve"] if c["step"] == r["best_step"])
             return -best["dev_recall@1"]
         return min(c["dev_bpb"] for c in r["curve"])

@@ -31,7 +31,7 @@ import numpy as np
 from experiments.lib.common import parse_experiment_args, provenance
 from experiments.lib.lsr_common import label, save_params, slug, trained_with, variants
 from replug_jax.fileio import write_json_atomic
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 from replug_jax.train.refresh import unflatten_params
 
 
@@ -122,13 +122,15 @@ def release(run_dir: pathlib.Path, out_dir, settings: dict, card: str) -> pathli
     export-retriever`): its kept step in float16 (two towers when the query tower alone
     learned), the weights' SHA-256 in the card, which the study's result (``card`` below
     its title) leads, and the τ fitted on dev in ``replug.json``."""
+    from replug_jax.retrieval import fitted_tau
     from replug_jax.train.export import export_run, record_temperature
 
     body = card.split("\n", 1)[1] if card.startswith("# ") else card
     out, _, _ = export_run(run_dir, out_dir, lead=body)
-    if settings.get("temperature"):
-        record_temperature(out, settings["temperature"], settings.get("temperature_fit", {}),
-                           f"τ = {settings['temperature']:g}, fitted by the study on its dev "
+    tau = fitted_tau.in_settings(settings)
+    if tau is not None:
+        record_temperature(out, tau["temperature"], tau["fit"],
+                           f"τ = {tau['temperature']:g}, fitted by the study on its dev "
                            "questions (REPLUG then uses it by default).")
     return out
 

@@ -36,7 +36,7 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
-    from replug_jax.extras import MissingExtraError
+    from replug_jax.imports import MissingExtraError
     from replug_jax.lm.scorer import CapabilityError
 
     warnings.formatwarning = _one_line_warning  # warnings stay visible, without source lines

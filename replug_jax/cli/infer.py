@@ -27,7 +27,17 @@ MODES = ("replug", "none", "concat", "top1", "random")
 
 
 def make_lm(args):
-    """The black-box LM: a served one (``--api-base``, probed first) or a Flax one."""
+    """The black-box LM: a served one (``--api-base``, probed first) or a Flax one, read
+    through the score store ``--lm-scores`` when one is given."""
+    lm = _black_box(args)
+    if getattr(args, "lm_scores", None) is None:
+        return lm
+    from replug_jax.lm.score_store import ScoreStore, StoredLM, scorer_identity
+
+    return StoredLM(lm, ScoreStore(args.lm_scores, scorer_identity(lm)))
+
+
+def _black_box(args):
     if args.api_base:
         from replug_jax.lm.api_scorer import APIScorer
 
@@ -167,6 +177,12 @@ def add_pipeline_args(p, mode: bool = True) -> None:
     add_api_args(p, timeout=60.0, retries=4)
     p.add_argument("--api-tokenizer", default=None,
                    help="local tokenizer source for the API's model (for document truncation)")
+    p.add_argument("--lm-scores", type=pathlib.Path, default=None, metavar="DIR",
+                   help="a store of the LM's continuation scores (replug_jax.lm.score_store): "
+                   "pairs found there cost no LM call, new ones are added. The key is the "
+                   "branch prompt and continuation, as LSR training and pool builds key "
+                   "them: point runs of the same LM at one folder and each pair is scored "
+                   "once")
 
 
 def add_parsers(sub) -> None:

@@ -8,7 +8,7 @@ import json
 import pathlib
 
 from replug_jax.cli.common import command, emit, mesh_shape, positive_int
-from replug_jax.run_shapes import HELP, Shapes
+from replug_jax.compile_targets import HELP, Shapes
 
 PROGRAM_GROUPS = ("lm", "retriever")
 LM_PROGRAMS = ("lm_score", "lm_kv_prefix", "lm_kv_suffix", "prefill", "decode_step")
@@ -56,7 +56,7 @@ def add_parsers(sub) -> None:
                    help="which programs: lm (all the LM's), retriever (all the retriever's), "
                         f"or any of {', '.join(LM_PROGRAMS + RETRIEVER_PROGRAMS)} "
                         "(default: lm retriever)")
-    for name in HELP:  # every size of a run (run_shapes.Shapes), one option each
+    for name in HELP:  # every size of a run (compile_targets.Shapes), one option each
         p.add_argument(f"--{name.replace('_', '-')}", type=positive_int,
                        default=getattr(d, name), help=HELP[name]
                        + f" (default {getattr(d, name):,})")
@@ -86,7 +86,7 @@ def _check_args(args) -> None:
     if args.target and args.topology:
         raise ValueError("give --topology (a TPU) or --target (NVIDIA GPUs), not both")
     if args.target:
-        from replug_jax.gpu_targets import parse_target
+        from replug_jax.compile_targets import parse_target
 
         parse_target(args.target)
     if args.slices > 1 and not args.topology:
@@ -130,7 +130,7 @@ def cmd_compile_check(args) -> int:
         bert_cfg = BertConfig.from_hf(json.loads(path.read_text()))
     else:
         bert_cfg = BertConfig()
-    from replug_jax.gpu_targets import COMPILE_OPTIONS, gpu_devices
+    from replug_jax.compile_targets import COMPILE_OPTIONS, gpu_devices
 
     devices = (gpu_devices(args.target) if args.target else
                cc.target_devices(args.topology or None, args.slices))

@@ -63,7 +63,7 @@ def cmd_api_check(args) -> int:
 
 def check(args) -> None:
     """What one argument's type cannot check."""
-    from replug_jax.extras import require
+    from replug_jax.imports import require
 
     require("fastapi", "serve", "replug serve")
     require("uvicorn", "serve", "replug serve")

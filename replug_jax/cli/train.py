@@ -20,7 +20,7 @@ def cmd_train_lsr(args) -> int:
     from replug_jax.train.config import load_config
 
     initialize_distributed()
-    lm_flags = [f"lm_{name}={value}" for name, value in
+    lm_flags = [f"lm.{name}={value}" for name, value in
                 (("dtype", args.dtype), ("mesh", format_mesh(args.mesh) if args.mesh else None))
                 if value is not None]
     cfg, variant = load_config(args.config, args.set + lm_flags)
@@ -28,12 +28,12 @@ def cmd_train_lsr(args) -> int:
     result = trainer.run(stop_after=args.max_steps)
     result["variant"] = variant
     last = result["last"]
-    if cfg.supervision == "pool":
+    if cfg.supervision.kind == "pool":
         best = result["best"]
         emit(args, result,
              f"step {result['step']}/{cfg.total_steps}"
              + (" (stopped early)" if result["stopped_early"] else "")
-             + f": kept step {result['best_step']} ({cfg.select_on}): "
+             + f": kept step {result['best_step']} ({cfg.selection.metric}): "
              + ", ".join(f"{k} {best[k]:.4f}" for k in ("dev_recall@1", "dev_loglik", "tau")
                          if k in best)
              + f"; γ {trainer.temperatures['gamma_used']:g}, β "
@@ -80,15 +80,16 @@ def add_parsers(sub) -> None:
     tr.add_argument("--workdir", required=True, type=pathlib.Path,
                     help="run directory: checkpoints, index versions, metrics, LM-score cache")
     tr.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                    help="override config fields, e.g. --set k=10 gamma=0.5, or a piece's field "
-                         "by a dotted key: objective.gamma=1, optim.learning_rate=1e-5, "
-                         "lm.dtype=bfloat16, index.factory=IVF4096,Flat (repeatable)")
+                    help="override config fields by their dotted key in the config's tree, "
+                         "e.g. --set k=10 objective.gamma=0.5 optim.learning_rate=1e-5 "
+                         "lm.dtype=bfloat16 retrieval.index_factory=IVF4096,Flat (repeatable; "
+                         "an old flat name such as gamma is refused with its new key)")
     tr.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
-                    help="the in-process LM's dtype (the config's lm_dtype; default auto: "
+                    help="the in-process LM's dtype (the config's lm.dtype; default auto: "
                          "bfloat16 on GPUs and TPUs, float32 on a CPU)")
     tr.add_argument("--mesh", type=mesh_shape, default=None, metavar="AXIS=SIZE,...",
                     help="shard the in-process LM over a device mesh, e.g. model=8 or "
-                         "data=2,model=4 (the config's lm_mesh; the retriever stays data-"
+                         "data=2,model=4 (the config's lm.mesh; the retriever stays data-"
                          "parallel over every device)")
     tr.add_argument("--max-steps", type=positive_int, default=None,
                     help="stop after this many steps of this invocation (resume later)")

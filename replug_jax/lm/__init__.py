@@ -6,7 +6,7 @@ in-process LM (:mod:`~replug_jax.lm.flax_scorer`), the HTTP client
 (:mod:`~replug_jax.lm.score_store`); names are imported on first use.
 """
 
-from replug_jax.lazy import exports
+from replug_jax.imports import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {
     **dict.fromkeys(("LMScorer", "ContinuationScore", "CostMeter", "CapabilityError",

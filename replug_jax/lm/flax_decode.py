@@ -20,7 +20,7 @@ from replug_jax.core.ensemble import mixture_logprobs
 from replug_jax.core.sampling import choose_token
 from replug_jax.lm.batching import rows_for
 from replug_jax.lm.scorer import stop_position
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from replug_jax import map_limit
+from replug_jax import process
 from replug_jax.lm.batching import (
     batch_rows,
     bucket,
@@ -48,7 +48,7 @@ from replug_jax.lm.scorer import (
 from replug_jax.models import DEFAULT_LM, LanguageModel, load_lm, target_logprobs
 from replug_jax.models.decoder import configure_attention
 from replug_jax.sharding import MODEL, mesh_size
-from replug_jax.timing import Timer
+from replug_jax.process import Timer
 
 __all__ = ["FlaxLM", "EnsembleGeneration", "ScoringStats"]
 
@@ -217,7 +217,7 @@ class FlaxLM(EnsembleDecoding):
         prompt_lens = [len(p) for p in prefixes]
         for s in seqs:
             self._bucket(len(s))  # one error, before any work
-        map_limit.relieve()  # a long run of many shapes stays under vm.max_map_count
+        process.relieve()  # a long run of many shapes stays under vm.max_map_count
         out: list[np.ndarray] = [None] * len(seqs)  # type: ignore[list-item]
         groups, singles = [], list(range(len(seqs)))
         with Timer() as t:

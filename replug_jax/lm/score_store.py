@@ -92,6 +92,8 @@ class ScoreStore:
                    seconds: float) -> None:
         """As :meth:`add`, keeping each pair's token ids, token strings and prompt length too,
         so that :meth:`continuation` gives back what the LM returned."""
+        if not keys and not scores:
+            return
         tokens = [str(t) for s in scores for t in s.tokens]
         if len(tokens) != sum(len(s.logprobs) for s in scores):
             raise ValueError("a continuation's tokens do not match its log-probs")

@@ -7,7 +7,7 @@ functions, and the defaults (:mod:`~replug_jax.models.registry`). Names are impo
 use, so ``from replug_jax.models import DEFAULT_LM`` loads no JAX.
 """
 
-from replug_jax.lazy import exports
+from replug_jax.imports import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {
     "load_retriever": "loading", "load_lm": "loading", "load_tokenizer": "loading",

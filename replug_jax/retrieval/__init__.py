@@ -14,7 +14,7 @@ in JAX. The package face, each name imported from its module on first use:
 * :mod:`~replug_jax.retrieval.quality` — recall against exact search, tuning to a target.
 """
 
-from replug_jax.lazy import exports
+from replug_jax.imports import exports
 
 __getattr__, __dir__, __all__ = exports(__name__, {
     "build_index": "build", "index_in_memory": "build", "corpus_text": "corpus",

@@ -27,6 +27,7 @@ from replug_jax.models.bert import embed, embeds_normalized
 from replug_jax.models.params import split_params, to_module
 from replug_jax.remote import is_remote, local_copy
 from replug_jax.retrieval.embeddings import encoding_bar
+from replug_jax.retrieval import fitted_tau
 
 # Padding lengths. Finer steps than powers of two: on 2 CPU cores the demo corpus encodes in
 # 27 s with these against 38 s with (16, 32, 64, ..., 512), for a few more compilations.
@@ -121,7 +122,8 @@ class Retriever:
             kwargs = {"similarity": trained["similarity"],
                       "max_length": trained["doc_max_length"],
                       "query_max_length": trained["query_max_length"],
-                      "retrieval_temperature": trained.get("temperature"), **kwargs}
+                      "retrieval_temperature": (fitted_tau.in_settings(trained) or {}).get(
+                          "temperature"), **kwargs}
             passages = trained.get("passage_encoder")
         if passages is None:
             out = cls(load_retriever(source), **kwargs)
@@ -131,7 +133,8 @@ class Retriever:
             out = cls(load_retriever(str(pathlib.Path(source) / passages)), **kwargs)
             out.query_tower = cls(load_retriever(source), **kwargs)
         if out.retrieval_temperature is not None and settings_path.is_file() and \
-                out.retrieval_temperature == trained.get("temperature"):
+                out.retrieval_temperature == (fitted_tau.in_settings(trained) or {}).get(
+                    "temperature"):
             out.retrieval_temperature_source = "the retriever's replug.json"
         return out
 
@@ -255,7 +258,7 @@ class Retriever:
 
     def on_devices(self, devices) -> "Retriever":
         """The same encoder (weights, tokenizer, compiled function) running on ``devices``:
-        an index refresh given its own share of the devices (``LSRConfig.refresh_devices``)."""
+        an index refresh given its own share of the devices (``LSRConfig.retrieval.refresh_devices``)."""
         other = copy.copy(self)
         other.mesh = _local_mesh(list(devices))
         n_dev = 1 if other.mesh is None else other.mesh.devices.size

@@ -1,5 +1,7 @@
 """The retrieval temperature τ of ``λ = softmax(s(d, x) / τ)`` (paper Eq. 2) fitted on a
-user's dev file, kept beside the index it was fitted with (``retrieval_temperature.json``).
+user's dev file, kept beside the index it was fitted with (``retrieval_temperature.json``) or
+in an exported retriever's ``replug.json`` (``retrieval_temperature``): one record format in
+both places (:func:`record`: ``{"temperature", "fit": evidence, "query_encoder"?}``).
 
 τ depends on the query encoder (the scale of its similarities), the corpus and the LM, so the
 record names all three. :meth:`~replug_jax.retrieval.encoder.Retriever.for_index` applies it
@@ -15,6 +17,29 @@ import pathlib
 import warnings
 
 FILE = "retrieval_temperature.json"
+SETTINGS_KEY = "retrieval_temperature"  # its key in a retriever's replug.json
+
+
+def record(temperature: float, evidence: dict, query_encoder: dict | None = None) -> dict:
+    """One τ record: the τ, what it was fitted on (``evidence``: the file, the LM, the
+    log-likelihoods at τ = 1 and at the fit), and, beside an index that several query encoders
+    may share, the query encoder it was fitted for."""
+    if not temperature > 0:
+        raise ValueError(f"the retrieval temperature must be > 0, got {temperature}")
+    out = {"temperature": float(temperature), "fit": dict(evidence)}
+    if query_encoder is not None:
+        out["query_encoder"] = query_encoder
+    return out
+
+
+def in_settings(settings: dict) -> dict | None:
+    """The τ record of a retriever's ``replug.json``, or None: its ``retrieval_temperature``,
+    or the ``temperature`` and ``temperature_fit`` keys of earlier releases read as one."""
+    if SETTINGS_KEY in settings:
+        return settings[SETTINGS_KEY]
+    if "temperature" in settings:
+        return record(settings["temperature"], settings.get("temperature_fit", {}))
+    return None
 
 
 def query_fingerprint(identity: dict) -> str:
@@ -48,17 +73,12 @@ def write(index_dir: str | pathlib.Path, temperature: float, retriever_identity:
     log-likelihoods at τ = 1 and at the fit)."""
     from replug_jax.fileio import write_json_atomic
 
-    if not temperature > 0:
-        raise ValueError(f"the retrieval temperature must be > 0, got {temperature}")
     path = pathlib.Path(index_dir) / FILE
     records = _records(path)
     fingerprint = query_fingerprint(retriever_identity)
-    records[fingerprint] = {
-        "temperature": float(temperature),
-        "query_encoder": {"source": retriever_identity.get("query_source",
-                                                           retriever_identity["source"]),
-                          "fingerprint": fingerprint},
-        "fit": evidence}
+    records[fingerprint] = record(temperature, evidence, {
+        "source": retriever_identity.get("query_source", retriever_identity["source"]),
+        "fingerprint": fingerprint})
     write_json_atomic({"fits": records}, path)
     return path
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from replug_jax.extras import require
+from replug_jax.imports import require
 from replug_jax.serve.logprobs import (
     content_logprobs,
     logprob_blocks,

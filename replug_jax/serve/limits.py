@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from replug_jax.extras import require
+from replug_jax.imports import require
 
 if TYPE_CHECKING:
     from replug_jax.lm.flax_scorer import FlaxLM

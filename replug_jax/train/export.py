@@ -20,8 +20,9 @@ import jax.numpy as jnp
 
 from replug_jax.models import export_retriever, load_retriever
 from replug_jax.models.params import split_params, to_module
+from replug_jax.retrieval import fitted_tau
 from replug_jax.train.checkpoint import Checkpoints
-from replug_jax.train.config import LSRConfig
+from replug_jax.train.config import LSRConfig, RetrieverConfig
 from replug_jax.train.lsr import build_tx, encoder_params, init_state
 from replug_jax.train.selection import Curve
 
@@ -30,13 +31,13 @@ def saved_config(workdir: str | pathlib.Path) -> LSRConfig:
     path = pathlib.Path(workdir) / "config.json"
     if not path.exists():
         raise ValueError(f"{workdir}: no config.json, not an LSR work directory")
-    return LSRConfig(**json.loads(path.read_text())["config"])
+    return LSRConfig.from_record(json.loads(path.read_text())["config"])
 
 
-def retriever_settings(cfg: LSRConfig) -> dict:
+def retriever_settings(retriever: RetrieverConfig) -> dict:
     """What ``replug.json`` records: how the retriever must be used to match its training."""
-    return {"similarity": cfg.similarity, "query_max_length": cfg.query_max_length,
-            "doc_max_length": cfg.doc_max_length, "trained_from": cfg.retriever}
+    return {"similarity": retriever.similarity, "query_max_length": retriever.query_max_length,
+            "doc_max_length": retriever.doc_max_length, "trained_from": retriever.name}
 
 
 def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
@@ -45,25 +46,25 @@ def export_run(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
                mode: str = "replug", lead: str | None = None
                ) -> tuple[pathlib.Path, int, dict | None]:
     """The retriever of ``workdir`` as a folder in ``dtype``: the step its dev selection
-    kept (a run with ``select_on``), else the newest checkpoint, or the checkpoint of
+    kept (a run with ``selection.metric``), else the newest checkpoint, or the checkpoint of
     ``step``; with ``comparison`` (``replug eval``'s ``results.json`` of this very folder
     against its base) the card states the result and whether it passes the release rule.
-    A run that trained the query tower alone (``towers="query"``) is written as two towers;
-    ``lead``: a study's own result, which then leads the card in place of the comparison.
-    Returns ``(path, step, comparison or None)``."""
+    A run that trained the query tower alone (``supervision.towers="query"``) is written as
+    two towers; ``lead``: a study's own result, which then leads the card in place of the
+    comparison. Returns ``(path, step, comparison or None)``."""
     workdir = pathlib.Path(workdir)
     cfg = saved_config(workdir)
     check_export_target(out_dir, workdir)
-    model = load_retriever(cfg.retriever)
+    model = load_retriever(cfg.retriever.name)
     graphdef, template, params = split_params(model.encoder)
-    objective = cfg.objective_config
+    objective = cfg.objective
     like = ({"encoder": params, "log_gamma": jnp.zeros((), jnp.float32)}
             if objective.learns_gamma else params)
     if step is None and (workdir / "best.json").exists():
         entry, kept = Curve(workdir, None).best(like)
         step, trained = int(entry["step"]), encoder_params(kept)
     else:
-        state_like = init_state(like, build_tx(cfg.optim_config, objective, cfg.total_steps))
+        state_like = init_state(like, build_tx(cfg.optim, objective, cfg.total_steps))
         step, state, _ = Checkpoints(workdir / "checkpoints", cfg.keep_checkpoints).restore(
             state_like, step)
         if state is None:
@@ -111,8 +112,8 @@ def write_retriever(model, encoder, out_dir, cfg: LSRConfig, step: int,
     dev = json.loads(dev_path.read_text()) if dev_path.exists() else None
     staged = out.with_name(out.name + ".staged")
     trained = dataclasses.replace(model, encoder=encoder)
-    _stage(trained, model if cfg.towers == "query" else None, staged,
-           retriever_settings(cfg), dtype)
+    _stage(trained, model if cfg.supervision.towers == "query" else None, staged,
+           retriever_settings(cfg.retriever), dtype)
     try:
         weights = fingerprint(weight_files(resolve(staged)))
         tested = None if comparison is None else comparison_from_eval(
@@ -166,8 +167,8 @@ def _keep_temperature(out: pathlib.Path, staged: pathlib.Path, weights: str) -> 
     old_path = out / "replug.json"
     if not old_path.is_file():
         return
-    old = json.loads(old_path.read_text())
-    if "temperature" not in old:
+    old = fitted_tau.in_settings(json.loads(old_path.read_text()))
+    if old is None:
         return
     if fingerprint(weight_files(resolve(out))) != weights:
         import warnings
@@ -181,7 +182,7 @@ def _keep_temperature(out: pathlib.Path, staged: pathlib.Path, weights: str) -> 
         if (out / name).is_file() and TEMPERATURE_SECTION in (out / name).read_text():
             card = (out / name).read_text().partition(TEMPERATURE_SECTION)[2]
             card = card[:card.find("\n## ")] if "\n## " in card else card
-    record_temperature(staged, old["temperature"], old.get("temperature_fit", {}), card)
+    record_temperature(staged, old["temperature"], old.get("fit", {}), card)
 
 
 def write_two_towers(query, passages, out_dir: str | pathlib.Path, settings: dict, card: str,
@@ -234,42 +235,44 @@ def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pat
     temps = json.loads(temps_path.read_text()) if temps_path.is_file() else None
     lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
              "tags: [replug, retrieval, sentence-transformers, feature-extraction]",
-             *([f"base_model: {cfg.retriever}"] if "/" in cfg.retriever
-               and not pathlib.Path(cfg.retriever).exists() else []), "---", "",
-             f"# REPLUG LSR retriever trained from `{cfg.retriever}` by `{cfg.lm}`", "",
+             *([f"base_model: {cfg.retriever.name}"] if "/" in cfg.retriever.name
+               and not pathlib.Path(cfg.retriever.name).exists() else []), "---", "",
+             f"# REPLUG LSR retriever trained from `{cfg.retriever.name}` by `{cfg.lm.name}`", "",
              lead.strip() if lead else verdict(comparison), ""]
     if comparison is not None:
         lines += ["| metric | trained − base | interval | items |", "|---|---:|---|---:|",
                   *(f"| {c['metric']} | {c['difference']:+.4f} | [{c['low']:+.4f}, "
                     f"{c['high']:+.4f}] | {c['items']} |" for c in comparison["all"]), ""]
-    base_data = base_training_data(cfg.retriever)
+    base_data, o = base_training_data(cfg.retriever.name), cfg.objective
     lines += ["## Training", "",
               *([base_data, ""] if base_data else []),
-              f"- base retriever: `{cfg.retriever}` ({cfg.similarity} similarity, "
-              f"{pooling} pooling)",
-              f"- supervising LM: `{cfg.lm}`"
-              + (f" via {cfg.lm_api_base}" if cfg.lm_api_base else ""),
-              f"- task: {cfg.task}; data: `{cfg.data}`; corpus: `{cfg.corpus}`",
+              f"- base retriever: `{cfg.retriever.name}` ({cfg.retriever.similarity} "
+              f"similarity, {pooling} pooling)",
+              f"- supervising LM: `{cfg.lm.name}`"
+              + (f" via {cfg.lm.api_base}" if cfg.lm.api_base else ""),
+              f"- task: {cfg.data.task}; data: `{cfg.data.train}`; corpus: `{cfg.data.corpus}`",
               f"- steps: {step} of {cfg.total_steps}; batch {cfg.batch_size}; k={cfg.k}; "
-              f"γ={cfg.gamma}, β={cfg.beta}; {cfg.direction}; LM score {cfg.lm_score}; "
-              f"objective {cfg.objective}; {cfg.optimizer} lr {cfg.learning_rate}",
+              f"γ={o.gamma}, β={o.beta}; {o.direction}; LM score {o.lm_score}; "
+              f"objective {o.kind}; {cfg.optim.optimizer} lr {cfg.optim.learning_rate}",
               *([f"- temperatures as trained: `{json.dumps(temps)}`"] if temps else []),
               "- towers: " + ("the query tower alone (passages keep the base encoder: "
-                              "passage_encoder/)" if cfg.towers == "query" else "one encoder")
-              + (f"; supervision: pre-scored pools `{cfg.train_pool}`"
-                 if cfg.supervision == "pool" else ""),
-              f"- index refresh every {cfg.refresh_every} steps ({cfg.refresh_mode})",
+                              "passage_encoder/)" if cfg.supervision.towers == "query"
+                              else "one encoder")
+              + (f"; supervision: pre-scored pools `{cfg.supervision.train_pool}`"
+                 if cfg.supervision.kind == "pool" else ""),
+              f"- index refresh every {cfg.retrieval.refresh_every} steps "
+              f"({cfg.retrieval.refresh_mode})",
               f"- trained in `{workdir}`", "",
               "## Lengths and truncation", "",
-              f"Queries keep their last {cfg.query_max_length} tokens; passages their first "
-              f"{cfg.doc_max_length} (with [CLS] and [SEP]). `Retriever.load` applies both "
-              "(from `replug.json`); " + (
+              f"Queries keep their last {cfg.retriever.query_max_length} tokens; passages "
+              f"their first {cfg.retriever.doc_max_length} (with [CLS] and [SEP]). "
+              "`Retriever.load` applies both (from `replug.json`); " + (
                   "sentence-transformers and the tokenizer of this folder (the query tower) "
-                  f"keep a query's last {cfg.query_max_length} tokens, those of "
-                  f"`passage_encoder/` a passage's first {cfg.doc_max_length}."
-                  if cfg.towers == "query" else
+                  f"keep a query's last {cfg.retriever.query_max_length} tokens, those of "
+                  f"`passage_encoder/` a passage's first {cfg.retriever.doc_max_length}."
+                  if cfg.supervision.towers == "query" else
                   "sentence-transformers and the tokenizer here cut every input to its first "
-                  f"{cfg.doc_max_length} tokens, as passages are cut."), "",
+                  f"{cfg.retriever.doc_max_length} tokens, as passages are cut."), "",
               f"## Weights ({dtype})", "",
               *(f"- `{name}`: SHA-256 `{digest}`"
                 for name, digest in weight_digests(folder).items()), "",
@@ -278,19 +281,19 @@ def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pat
               "retriever = Retriever.load(\"<this folder>\")  # lengths from replug.json", "",
               "from sentence_transformers import SentenceTransformer",
               "model = SentenceTransformer(\"<this folder>\")"
-              + ("  # unit vectors: cosine = dot" if cfg.similarity == "cosine" else ""),
+              + ("  # unit vectors: cosine = dot" if cfg.retriever.similarity == "cosine" else ""),
               "embeddings = model.encode([\"a passage\", \"a question?\"])", "",
               "from transformers import AutoModel, AutoTokenizer",
               "tok = AutoTokenizer.from_pretrained(\"<this folder>\")",
               "bert = AutoModel.from_pretrained(\"<this folder>\")",
               "batch = tok([\"a passage\"], padding=True, truncation=True, "
-              f"max_length={cfg.doc_max_length}, return_tensors=\"pt\")",
+              f"max_length={cfg.retriever.doc_max_length}, return_tensors=\"pt\")",
               *(["mask = batch[\"attention_mask\"].unsqueeze(-1)",
                  "vec = (bert(**batch).last_hidden_state * mask).sum(1) / mask.sum(1)"]
                 if pooling == "mean" else
                 ["vec = bert(**batch).last_hidden_state[:, 0]  # [CLS] pooling"]),
               *(["vec = vec / vec.norm(dim=-1, keepdim=True)  # cosine similarity"]
-                if cfg.similarity == "cosine" else []),
+                if cfg.retriever.similarity == "cosine" else []),
               "```", "", "## Dev metrics", "", "```json", json.dumps(dev or {}, indent=2),
               "```", "", "## Config", "", "```json", json.dumps(cfg.to_json(), indent=2),
               "```"]
@@ -302,20 +305,21 @@ TEMPERATURE_SECTION = "## Inference temperature"
 
 def record_temperature(folder: str | pathlib.Path, temperature: float, evidence: dict,
                        summary: str) -> None:
-    """Store a fitted inference τ with an exported retriever: ``replug.json`` gains
-    ``temperature`` (which :class:`~replug_jax.replug.Replug` then uses by default) and
-    ``temperature_fit`` (``evidence``: data, bounds, dev log-likelihoods), and the model card
-    gains (or has replaced) an "Inference temperature" section holding ``summary``."""
+    """Store a fitted inference τ with an exported retriever: ``replug.json`` gains its τ
+    record (``retrieval_temperature``, :func:`replug_jax.retrieval.fitted_tau.record`, the
+    format an index keeps; ``evidence``: data, bounds, dev log-likelihoods), which
+    :class:`~replug_jax.replug.Replug` then uses by default, and the model card gains (or has
+    replaced) an "Inference temperature" section holding ``summary``."""
     from replug_jax.fileio import write_text_atomic
 
     folder = pathlib.Path(folder)
     settings_path = folder / "replug.json"
     if not settings_path.is_file():
         raise ValueError(f"{folder}: no replug.json, not a retriever exported by replug-jax")
-    if not temperature > 0:
-        raise ValueError(f"the retrieval temperature must be > 0, got {temperature}")
     settings = json.loads(settings_path.read_text())
-    settings.update(temperature=float(temperature), temperature_fit=evidence)
+    for old in ("temperature", "temperature_fit"):  # earlier releases' keys
+        settings.pop(old, None)
+    settings[fitted_tau.SETTINGS_KEY] = fitted_tau.record(temperature, evidence)
     write_text_atomic(json.dumps(settings, indent=2) + "\n", settings_path)
     card_path = folder / "README.md"  # an export's card; checkpoints/ folders keep MODEL_CARD.md
     if not card_path.exists() and (folder / "MODEL_CARD.md").exists():

@@ -1,7 +1,7 @@
 """The LSR trainer, the one every LSR run goes through (``replug train-lsr`` and the studies):
 batches, the step, metrics, checkpoints, the dev curve and the step it keeps.
 
-Its supervision is one of two sources (``cfg.supervision``): ``"online"``, retrieval from
+Its supervision is one of two sources (``cfg.supervision.kind``): ``"online"``, retrieval from
 the index and LM scores of the pairs it brings (scored as needed, kept in a store); or
 ``"pool"``, pre-scored pools re-ranked by the current retriever
 (:class:`~replug_jax.train.pool_source.PoolSource`), with the query tower alone or both
@@ -32,6 +32,7 @@ from typing import Callable
 
 import jax
 
+from replug_jax.config import dotted
 from replug_jax.fileio import write_json_atomic, write_text_atomic
 from replug_jax.lm.score_store import scorer_identity
 from replug_jax.models.params import split_params, to_module
@@ -104,7 +105,7 @@ class LSRTrainer(OnlineSupervision):
         trainer reads passages by id from it and never holds the corpus (with pool
         supervision: at least every pool candidate). ``pools``: ``(train pool, dev pool or
         None)``, the :class:`~replug_jax.train.pool.ScoredPool` s of ``train`` and ``dev``
-        (``supervision="pool"``; no LM needed); ``frozen_docs`` and ``dev_recall``: see
+        (``supervision.kind="pool"``; no LM needed); ``frozen_docs`` and ``dev_recall``: see
         :class:`~replug_jax.train.pool_source.PoolSource`."""
         if not len(passages):
             raise ValueError("the retrieval corpus is empty")
@@ -114,12 +115,12 @@ class LSRTrainer(OnlineSupervision):
             raise ValueError("this retriever has two towers (a query encoder of its own); the "
                              "trainer trains one shared encoder: start from one of its "
                              "folders (the query tower, or passage_encoder/)")
-        if (cfg.supervision == "pool") != (pools is not None):
-            raise ValueError("supervision='pool' trains from pools (give the train and dev "
+        if (cfg.supervision.kind == "pool") != (pools is not None):
+            raise ValueError("supervision.kind='pool' trains from pools (give the train and dev "
                              "pools), 'online' from the LM (give no pools)")
         if pools is not None and jax.process_count() > 1:
             raise ValueError("pool supervision runs in one process (the pools are read whole); "
-                             "use one host, or supervision='online'")
+                             "use one host, or supervision.kind='online'")
         self.cfg = cfg
         if is_remote(workdir):  # pathlib would make a local folder named "gs:"
             raise ValueError(f"--workdir {workdir}: a work directory must be on a local or "
@@ -138,25 +139,25 @@ class LSRTrainer(OnlineSupervision):
         # The leakage filter: passages an example must never retrieve (its own window).
         spanned = [e for e in self.train + self.dev if e.span is not None]
         self.exclusions = {e.id: ex for e, ex in zip(
-            spanned, leakage_exclusions(spanned, self.store, cfg.leakage)) if ex}
+            spanned, leakage_exclusions(spanned, self.store, cfg.data.leakage)) if ex}
         self.progress = progress
         self.mesh = make_mesh(cfg.num_devices or None)
         if cfg.batch_size % self.mesh.devices.size:
             raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the "
                              f"{self.mesh.devices.size} devices of the mesh")
         self._check_workdir()
-        if retriever.similarity != cfg.similarity:
+        if retriever.similarity != cfg.retriever.similarity:
             raise ValueError(f"the retriever uses {retriever.similarity!r} similarity but the "
-                             f"config says {cfg.similarity!r}")
+                             f"config says {cfg.retriever.similarity!r}")
         self.graphdef, self.template, params = split_params(retriever.model.encoder)
         self.pool = None if pools is None else PoolSource(
             cfg, retriever, pools[0], self.train, pools[1], self.dev, self.by_id,
             frozen_docs=frozen_docs, dev_recall=dev_recall)
         # γ and β as the step uses them (named ones fitted from the base on the dev pool)
-        self.objective = (cfg.objective_config if self.pool is None
-                          else self.pool.resolve(cfg.objective_config))
-        self.tx = build_tx(cfg.optim_config, self.objective, cfg.total_steps)
-        schedule = cfg.optim_config.schedule(cfg.total_steps)
+        self.objective = (cfg.objective if self.pool is None
+                          else self.pool.resolve(cfg.objective))
+        self.tx = build_tx(cfg.optim, self.objective, cfg.total_steps)
+        schedule = cfg.optim.schedule(cfg.total_steps)
         if self.pool is None:
             self.train_step, self.scores_fn = make_train_step(
                 self.graphdef, self.template, self.objective, self.tx,
@@ -168,7 +169,7 @@ class LSRTrainer(OnlineSupervision):
                 retriever.model.pooling, retriever.normalize, cfg.k, schedule=schedule)
         self.state = replicate(init_state(trainable(params, self.objective), self.tx),
                                self.mesh)
-        self.curve = Curve(self.workdir, Selection(cfg.select_on, cfg.patience))
+        self.curve = Curve(self.workdir, Selection(cfg.selection.metric, cfg.selection.patience))
         self.versions_used: dict[int, int] = {}  # step -> index version (for tests/metrics)
         self._end = 0  # the step this run stops at (no prefetch beyond it)
         self.pid, self.pcount = jax.process_index(), jax.process_count()
@@ -183,8 +184,9 @@ class LSRTrainer(OnlineSupervision):
                           f"cache, not read; its pairs are scored again into {cache_name}/",
                           stacklevel=2)
         self.cache = LMScoreCache(self.workdir / cache_name, scorer_identity(lm_scorer)
-                                  if hasattr(lm_scorer, "name") else cfg.lm)
-        self.refresher = IndexRefresher(self.workdir, cfg, retriever, self.store, self.mesh,
+                                  if hasattr(lm_scorer, "name") else cfg.lm.name)
+        self.refresher = IndexRefresher(self.workdir, cfg.retrieval, retriever, self.store,
+                                        self.mesh,
                                         lambda: self.encoder_params, self.pid, self.pcount)
         self.prefetcher = Prefetcher(self)
 
@@ -197,7 +199,8 @@ class LSRTrainer(OnlineSupervision):
     def temperatures(self) -> dict:
         """γ and β the run trains with (γ now, where it is learned), and the base's fitted τ
         and β on the dev pool where they were fitted: stated in every result and card."""
-        out = {"gamma": self.cfg.gamma, "beta": self.cfg.beta, "lm_score": self.cfg.lm_score,
+        given = self.cfg.objective
+        out = {"gamma": given.gamma, "beta": given.beta, "lm_score": given.lm_score,
                "gamma_used": float(self.objective.gamma), "beta_used": float(self.objective.beta)}
         if self.objective.learns_gamma:
             out["gamma_now"] = learned_gamma(host_copy(self.state.params))
@@ -221,9 +224,13 @@ class LSRTrainer(OnlineSupervision):
         if path.exists():
             theirs = json.loads(path.read_text())
             if theirs.get("fingerprint") != mine["fingerprint"]:
-                mine_json = json.loads(json.dumps(self.cfg.to_json()))  # tuples as lists
-                diff = sorted(k for k, v in mine_json.items()
-                              if theirs.get("config", {}).get(k) != v)
+                mine_json = dotted(json.loads(json.dumps(self.cfg.to_json())))  # tuples: lists
+                try:  # a record of the flat form earlier releases wrote reads as the tree
+                    stored = dotted(json.loads(json.dumps(
+                        LSRConfig.from_record(theirs.get("config", {})).to_json())))
+                except ValueError:
+                    stored = {}
+                diff = sorted(k for k, v in mine_json.items() if stored.get(k) != v)
                 raise CheckpointMismatch(
                     f"{self.workdir} holds a run with a different config (differs in: "
                     f"{', '.join(diff)}); use a new --workdir or the same config")
@@ -307,7 +314,7 @@ class LSRTrainer(OnlineSupervision):
 
         After each step the hooks run in order: the metrics log, TensorBoard, the checkpoint
         (every ``checkpoint_every`` steps and at the end), then ``on_step(step, record)``;
-        with pool supervision the dev curve is read every ``eval_every`` steps (and at the
+        with pool supervision the dev curve is read every ``selection.every`` steps (and at the
         last), and the selected step's parameters kept (:mod:`replug_jax.train.selection`)."""
         from tqdm.auto import tqdm
 
@@ -319,7 +326,7 @@ class LSRTrainer(OnlineSupervision):
         ended = self.curve.ended() if self.pool is not None else None
         if ended is not None:  # a finished pool run: nothing left to train
             end = self._end = start
-        if self.pool is None and cfg.prescore_pool and start < end:
+        if self.pool is None and cfg.supervision.prescore_pool and start < end:
             self.prescore(start, end)
         if self.pool is not None:
             self.curve.resume(start)
@@ -384,7 +391,7 @@ class LSRTrainer(OnlineSupervision):
 
     def _curve_point(self, done: int, record: dict) -> bool:
         """Read the dev curve after step ``done`` when due; True when the run stops here."""
-        if done % max(self.cfg.eval_every, 1) and done != self.cfg.total_steps:
+        if done % max(self.cfg.selection.every, 1) and done != self.cfg.total_steps:
             return False
         entry = {"step": done, **self.pool.evaluate(self.encoder_params),
                  **{k: v for k, v in record.items() if k != "step"}}

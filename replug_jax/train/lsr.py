@@ -32,7 +32,7 @@ class TrainState(NamedTuple):
 def _loss(objective: ObjectiveConfig, s_BK, lm_BK, valid_BK, gamma):
     """The LSR loss of retrieval scores against the LM's (Eq. 5 or the marginal likelihood)
     at the retriever's temperature ``gamma`` (a number, or the learned one, traced)."""
-    if objective.objective == "marginal":
+    if objective.kind == "marginal":
         return marginal_nll_loss(s_BK, lm_BK, gamma, valid_BK)
     return lsr_loss(s_BK, lm_BK, gamma, objective.beta, valid_BK,
                     direction=objective.direction)

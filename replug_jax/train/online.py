@@ -1,7 +1,7 @@
 """The online supervision source of :class:`~replug_jax.train.loop.LSRTrainer`
-(``cfg.supervision="online"``): each step's batch retrieved from the index in use, the LM's
+(``cfg.supervision.kind="online"``): each step's batch retrieved from the index in use, the LM's
 scores of the (example, document) pairs it brings (scored as needed into the score store, or
-ahead of the steps by the prefetcher and ``prescore_pool``), and the online dev metrics.
+ahead of the steps by the prefetcher and ``supervision.prescore_pool``), and the online dev metrics.
 The pool source is :class:`~replug_jax.train.pool_source.PoolSource`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from replug_jax.retrieval import DeviceIndex, corpus_text
 from replug_jax.sharding import local_rows
 from replug_jax.train.data import Example, batch_indices, resolve_gold
 from replug_jax.train.lsr import encoder_params
-from replug_jax.train.supervision import lm_scores
+from replug_jax.train.supervision import branch_keys, lm_scores
 
 
 def _quietly(fn, *args):
@@ -49,15 +49,15 @@ class OnlineSupervision:
         prefetched = self.prefetcher.wait(step)  # what it scored ahead for this step
         with self.prefetcher.lm_lock:
             scores, new = lm_scores(examples, hits.ids, self.by_id, self.lm, self.cache,
-                                    cfg.separator, cfg.lm_score)
+                                    cfg.data.separator, cfg.objective.lm_score)
         # pairs newly scored for this step, here or ahead of it: the same count either way
         if prefetched:
             new += len(prefetched & self.pair_keys(examples, hits.ids))
         lm_seconds = time.perf_counter() - t0
         q_ids, q_mask = _quietly(self._tokenize, [e.query for e in examples],
-                                 cfg.query_max_length, self.retriever.query_truncation)
+                                 cfg.retriever.query_max_length, self.retriever.query_truncation)
         docs = [corpus_text(self.by_id[int(d)]) if d >= 0 else "" for d in hits.ids.reshape(-1)]
-        d_ids, d_mask = self._tokenize(docs, cfg.doc_max_length)
+        d_ids, d_mask = self._tokenize(docs, cfg.retriever.doc_max_length)
         b, k = hits.ids.shape
         batch = {"query_ids": q_ids, "query_mask": q_mask,
                  "doc_ids": d_ids.reshape(b, k, -1), "doc_mask": d_mask.reshape(b, k, -1),
@@ -83,14 +83,17 @@ class OnlineSupervision:
 
     def pair_keys(self, examples: list[Example], doc_ids_BK: np.ndarray) -> set[str]:
         """The LM-score store's keys of the (example, document) pairs (ids -1 left out)."""
-        return {self.cache.key(e, self.by_id[int(d)], self.cfg.separator)
-                for e, row in zip(examples, doc_ids_BK) for d in row if d >= 0}
+        pairs = [(e, self.by_id[int(d)]) for e, row in zip(examples, doc_ids_BK)
+                 for d in row if d >= 0]
+        keys, _ = branch_keys([e for e, _ in pairs], [p for _, p in pairs], self.lm,
+                              self.cfg.data.separator)
+        return set(keys)
 
     def score_pairs(self, examples: list[Example], doc_ids_BK: np.ndarray) -> None:
         """Score into the cache the (example, document) pairs it lacks (a prefetch: the
         cache's hit and miss counts are the steps' own)."""
-        lm_scores(examples, doc_ids_BK, self.by_id, self.lm, self.cache, self.cfg.separator,
-                  self.cfg.lm_score, count=False)
+        lm_scores(examples, doc_ids_BK, self.by_id, self.lm, self.cache, self.cfg.data.separator,
+                  self.cfg.objective.lm_score, count=False)
 
     def _excluded(self, examples: list[Example]) -> list[list[int]]:
         return [self.exclusions.get(e.id, []) for e in examples]
@@ -110,13 +113,15 @@ class OnlineSupervision:
         return type(hits)(hits.ids[mine], hits.scores[mine], hits.passages[mine])
 
     def prescore(self, start: int, end: int, chunk: int = 256) -> dict:
-        """Score, in large batches, the top-``prescore_pool`` candidates of the current index
-        for every example of steps ``[start, end)`` not yet in the cache (this process's rows).
-        The scores are the same the steps would compute; they are only paid for up front."""
+        """Score, in large batches, the top-``supervision.prescore_pool`` candidates of the
+        current index for every example of steps ``[start, end)`` not yet in the cache (this
+        process's rows). The scores are the same the steps would compute; they are only paid
+        for up front."""
         cfg = self.cfg
         if self.pcount > 1:
-            raise ValueError("prescore_pool is for single-process runs (every process would "
-                             "need the same number of searches); set prescore_pool=0")
+            raise ValueError("supervision.prescore_pool is for single-process runs (every "
+                             "process would need the same number of searches); set "
+                             "supervision.prescore_pool=0")
         rows = sorted({int(i) for s in range(start, end)
                        for i in batch_indices(s, cfg.batch_size, len(self.train),
                                               cfg.seed)[local_rows(cfg.batch_size)]})
@@ -124,13 +129,15 @@ class OnlineSupervision:
         t0 = time.perf_counter()
         queries = self.retriever.encode_queries([e.query for e in examples],
                                                 params=self.encoder_params)
-        hits = _quietly(self.index.search, queries, cfg.prescore_pool, self._excluded(examples))
+        hits = _quietly(self.index.search, queries, cfg.supervision.prescore_pool,
+                        self._excluded(examples))
         new = 0
-        for i in range(0, len(examples), max(1, chunk // cfg.prescore_pool)):
-            part = slice(i, i + max(1, chunk // cfg.prescore_pool))
+        for i in range(0, len(examples), max(1, chunk // cfg.supervision.prescore_pool)):
+            part = slice(i, i + max(1, chunk // cfg.supervision.prescore_pool))
             new += lm_scores(examples[part], hits.ids[part], self.by_id, self.lm, self.cache,
-                             cfg.separator, cfg.lm_score, chunk=chunk)[1]
-        info = {"examples": len(examples), "pool": cfg.prescore_pool, "new_pairs": new,
+                             cfg.data.separator, cfg.objective.lm_score, chunk=chunk)[1]
+        info = {"examples": len(examples), "pool": cfg.supervision.prescore_pool,
+                "new_pairs": new,
                 "seconds": round(time.perf_counter() - t0, 2)}
         if self.pid == 0:
             write_json_atomic(info, self.workdir / "prescore.json")
@@ -155,7 +162,7 @@ class OnlineSupervision:
                                                     for g, row in zip(gold, hits.ids)]))
         top_k = hits.ids[:, :k]
         scores, _ = lm_scores(examples, top_k, self.by_id, self.lm, self.cache,
-                              self.cfg.separator, self.cfg.lm_score)
+                              self.cfg.data.separator, self.cfg.objective.lm_score)
         agree = [int(np.argmax(s[row >= 0]) == 0) for s, row in zip(scores, top_k)]
         out["top1_is_lm_best"] = float(np.mean(agree))
         return out

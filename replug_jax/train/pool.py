@@ -7,7 +7,7 @@ part by part so an interrupted run resumes where it stopped. Everything after th
 call:
 
 * training (the one trainer, :class:`~replug_jax.train.loop.LSRTrainer` with
-  ``supervision="pool"``, its batches from :class:`~replug_jax.train.pool_source.PoolSource`):
+  ``supervision.kind="pool"``, its batches from :class:`~replug_jax.train.pool_source.PoolSource`):
   at each step the current retriever re-ranks each example's pool and its top-``k`` within
   the pool is the retrieved set (the paper retrieves from the whole index; the pool stands in
   for the index between refreshes), and the loss of ``core.losses`` compares ``P_R`` with the

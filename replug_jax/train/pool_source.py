@@ -1,4 +1,4 @@
-"""Pre-scored pools as the supervision of the LSR trainer (``supervision="pool"``): the batch
+"""Pre-scored pools as the supervision of the LSR trainer (``supervision.kind="pool"``): the batch
 of each step and the dev curve, at no LM cost (DESIGN.md, "LSR on a pre-scored pool").
 
 At every step the batch's queries are encoded by the step itself with the current parameters
@@ -58,7 +58,7 @@ class PoolSource:
         if cfg.k > train_pool.doc_ids_EM.shape[1]:
             raise ValueError(f"k={cfg.k} exceeds the train pool's {train_pool.doc_ids_EM.shape[1]} "
                              "candidates per example")
-        if cfg.select_on == "recall@1" and dev_recall is None:
+        if cfg.selection.metric == "recall@1" and dev_recall is None:
             raise ValueError("select_on='recall@1' needs the dev questions' recall over the "
                              "whole datastore (an index of it)")
         self.cfg, self.retriever = cfg, retriever
@@ -66,12 +66,12 @@ class PoolSource:
         self.dev_pool, self.dev = dev_pool, list(dev)
         self.by_id = passages_by_id
         self.dev_recall = dev_recall
-        self.doc_params = "same" if cfg.towers == "shared" else None
+        self.doc_params = "same" if cfg.supervision.towers == "shared" else None
         self.frozen = (frozen_docs if frozen_docs is not None else {}) \
-            if cfg.towers == "query" else None
-        self.lm_EM = train_pool.lm_scores(cfg.lm_score)
+            if cfg.supervision.towers == "query" else None
+        self.lm_EM = train_pool.lm_scores(cfg.objective.lm_score)
         self.valid_EM = train_pool.branches.doc_mask_NK
-        if cfg.shuffle_q:
+        if cfg.supervision.shuffle_q:
             self.lm_EM = shuffled_q(self.lm_EM, self.valid_EM, cfg.seed)
         q_ids, q_mask = retriever.tokenize_fixed([e.query for e in self.train],
                                                  retriever.query_max_length,
@@ -90,9 +90,9 @@ class PoolSource:
             if self.dev_pool is None:
                 raise ValueError("fitting τ or β needs a dev pool")
             s = self._dev_scores(None)
-            tau, _ = fit_pool_tau(self.dev_pool, s, self.cfg.k, self.cfg.tau_grid)
-            beta = fit_beta(self.dev_pool, s, self.cfg.k, tau, self.cfg.beta_grid,
-                            self.cfg.lm_score)
+            tau, _ = fit_pool_tau(self.dev_pool, s, self.cfg.k, self.cfg.selection.tau_grid)
+            beta = fit_beta(self.dev_pool, s, self.cfg.k, tau, self.cfg.selection.beta_grid,
+                            self.cfg.objective.lm_score)
             self.base_fit = {"tau": tau, "beta": beta}
         return self.base_fit
 
@@ -112,19 +112,19 @@ class PoolSource:
         """Re-embed the train pools' passages when due (the first step, then every
         ``refresh_every`` steps with a shared encoder); kept in ``workdir`` so that a resumed
         run continues from the embeddings of the last refresh, as an uninterrupted one does."""
-        due = self.d_EMD is None or (self.cfg.towers == "shared"
-                                     and step % self.cfg.refresh_every == 0)
+        due = self.d_EMD is None or (self.cfg.supervision.towers == "shared"
+                                     and step % self.cfg.retrieval.refresh_every == 0)
         if not due:
             return False
         path = None if workdir is None else self._doc_path(workdir)
-        last = step - step % self.cfg.refresh_every
+        last = step - step % self.cfg.retrieval.refresh_every
         if (self.d_EMD is None and path is not None and path.exists() and step != last
-                and self.cfg.towers == "shared"):
+                and self.cfg.supervision.towers == "shared"):
             self.d_EMD = np.load(path, allow_pickle=False)  # the refresh before the restart
             return False
         _, self.d_EMD = embed_pool(self.retriever, params, self.train_pool, self.train,
                                    self.by_id, self.doc_params, self.frozen)
-        if path is not None and self.cfg.towers == "shared":
+        if path is not None and self.cfg.supervision.towers == "shared":
             with atomic_path(path, ".npy") as tmp:
                 np.save(tmp, self.d_EMD)
         return True
@@ -154,8 +154,8 @@ class PoolSource:
             def total(t: float) -> float:
                 lls[t] = pool_logliks(self.dev_pool, s, cfg.k, t)
                 return float(np.sum(lls[t]))
-            tau = cfg.eval_tau if cfg.eval_tau > 0 else fit_tau(
-                total, grid=cfg.tau_grid)["temperature"]
+            tau = cfg.selection.tau if cfg.selection.tau > 0 else fit_tau(
+                total, grid=cfg.selection.tau_grid)["temperature"]
             ll = lls[tau] if tau in lls else pool_logliks(self.dev_pool, s, cfg.k, tau)
             out = {"dev_bpb": float(bits_per_byte(np.sum(ll, dtype=np.float64),
                                                   np.sum(self.dev_pool.branches.bytes_N))),

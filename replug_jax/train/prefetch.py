@@ -46,7 +46,7 @@ class Prefetcher:
         from replug_jax.retrieval import DeviceIndex
 
         t = self.trainer
-        return t.cfg.lm_prefetch and not (t.pcount > 1 and isinstance(t.index, DeviceIndex))
+        return t.cfg.lm.prefetch and not (t.pcount > 1 and isinstance(t.index, DeviceIndex))
 
     def start(self, step: int, params) -> None:
         """Predict and score step ``step``'s pairs in the background from ``params`` (the

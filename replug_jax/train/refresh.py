@@ -74,19 +74,20 @@ def unflatten_params(flat: dict[str, np.ndarray], like: dict, prefix: str = "") 
 
 
 class IndexRefresher:
-    """The index in use, its version, and the refresh in flight.
+    """The index in use, its version, and the refresh in flight, as ``retrieval`` (the
+    config's :class:`~replug_jax.train.config.RetrievalConfig`) says.
 
     ``params_now()`` returns the current parameters on the host (what a refresh snapshots).
     """
 
-    def __init__(self, workdir: pathlib.Path, cfg, retriever, store: PassageStore, mesh,
+    def __init__(self, workdir: pathlib.Path, retrieval, retriever, store: PassageStore, mesh,
                  params_now: Callable[[], dict], process_index: int = 0,
                  process_count: int = 1):
-        self.workdir, self.cfg, self.retriever = workdir, cfg, retriever
+        self.workdir, self.retrieval, self.retriever = workdir, retrieval, retriever
         self.store, self.mesh = store, mesh
         # the refresh's encoder: the retriever's own devices, or the last `refresh_devices`
         # of this process's (a share set apart from training's)
-        n = cfg.refresh_devices
+        n = retrieval.refresh_devices
         if n > len(jax.local_devices()):
             raise ValueError(f"refresh_devices={n} but this process has "
                              f"{len(jax.local_devices())} devices")
@@ -135,15 +136,15 @@ class IndexRefresher:
                                "start a new --workdir")
         done = emb_path.exists() and not emb_path.with_name(
             emb_path.name + ".progress.json").exists()
-        if self.cfg.resolved_index_backend() == "jax":
+        if self.retrieval.resolved_backend() == "jax":
             # each process embeds only the corpus rows its devices hold
             rows = corpus_rows(len(self.store), self.mesh)
             if not done:
                 self.encoder.encode_to_file(PassageTexts(self.store, rows.start, rows.stop),
                                             emb_path, params=params, progress=False)
             return DeviceIndex(np.load(emb_path), self.store, self.mesh, local=True,
-                               dtype=None if self.cfg.index_dtype == "auto" else
-                               jnp.dtype(self.cfg.index_dtype), encoder=encoder)
+                               dtype=None if self.retrieval.index_dtype == "auto" else
+                               jnp.dtype(self.retrieval.index_dtype), encoder=encoder)
         try:
             return Index.load(out)
         except ValueError:
@@ -151,7 +152,7 @@ class IndexRefresher:
         if self.pcount == 1:
             emb = self.encoder.encode_to_file(PassageTexts(self.store), emb_path, params=params,
                                               progress=False)
-            index = Index.build(np.asarray(emb), self.store, factory=self.cfg.index_factory,
+            index = Index.build(np.asarray(emb), self.store, factory=self.retrieval.index_factory,
                                 encoder=encoder)
             index.save(out)
             emb_path.unlink(missing_ok=True)
@@ -172,7 +173,7 @@ class IndexRefresher:
         shares = [wait_for_embeddings(self.version_dir(version) / f"emb.p{j}of{self.pcount}.npy")
                   for j in range(self.pcount)]
         index = Index.build(shares, self.store,  # read share by share, not concatenated
-                            factory=self.cfg.index_factory, encoder=encoder)
+                            factory=self.retrieval.index_factory, encoder=encoder)
         if self.pid == 0:  # every process holds the same index; one writes it
             index.save(out)
         return index
@@ -206,7 +207,7 @@ class IndexRefresher:
                 job.error = err
             job.seconds = time.perf_counter() - t0
 
-        if self.cfg.lag == 0:
+        if self.retrieval.lag == 0:
             run()
         else:
             job.thread = threading.Thread(target=run, name=f"index-refresh-v{version}",
@@ -231,7 +232,7 @@ class IndexRefresher:
 
     def step(self, step: int) -> float:
         """Swap in a refresh that is due, start one at a refresh step; returns the wait."""
-        cfg = self.cfg
+        cfg = self.retrieval  # the config's RetrievalConfig
         waited = 0.0
         if self.pending is not None and step >= self.pending.start_step + cfg.lag:
             waited = self.finish()

@@ -1,7 +1,7 @@
 """The typed pieces of an LSR run, readable without JAX: what is minimised
 (:class:`ObjectiveConfig`, paper §4.1–4.3) and how (:class:`OptimConfig`, §5.2).
-:class:`~replug_jax.train.config.LSRConfig` exposes them as ``objective_config`` and
-``optim_config``, and each training function takes the piece it reads.
+:class:`~replug_jax.train.config.LSRConfig` holds them as ``objective`` and ``optim`` beside
+its other pieces, and each training function takes the piece it reads.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _temperature_ok(value, names) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
-    """The LSR loss: ``kl`` between P_R (Eq. 3, supervision temperature ``gamma``) and Q
+    """The LSR loss (``kind``): ``kl`` between P_R (Eq. 3, supervision temperature ``gamma``) and Q
     (Eq. 4, ``beta``) in ``direction`` (``retriever_to_lm``: KL(P_R‖Q), the paper's Eq. 5),
     or the ``marginal`` likelihood ``-log Σ_d P_R(d|x) p(y|d,x)`` (``gamma`` only).
 
@@ -56,7 +56,7 @@ class ObjectiveConfig:
     of the continuation's token log-probs, ``log P_LM(y|d,x)`` as the paper writes it, or their
     ``mean`` (:data:`LM_SCORE_MEAN_NOTE`)."""
 
-    objective: str = "kl"
+    kind: str = "kl"
     direction: str = "retriever_to_lm"
     gamma: float | str = 0.1
     beta: float | str = 0.1
@@ -64,7 +64,7 @@ class ObjectiveConfig:
     gamma_learning_rate: float = 1e-3
 
     def __post_init__(self):
-        for name, allowed in (("objective", ("kl", "marginal")),
+        for name, allowed in (("kind", ("kl", "marginal")),
                               ("direction", ("retriever_to_lm", "lm_to_retriever")),
                               ("lm_score", ("mean", "sum"))):
             if getattr(self, name) not in allowed:
@@ -76,7 +76,7 @@ class ObjectiveConfig:
             raise ValueError(f"beta must be > 0 or one of {BETA_NAMES}, got {self.beta!r}")
         if not self.gamma_learning_rate > 0:
             raise ValueError("gamma_learning_rate must be > 0")
-        if not marginal_score_ok(self.objective, self.lm_score):
+        if not marginal_score_ok(self.kind, self.lm_score):
             raise ValueError(MARGINAL_NEEDS_SUM)
 
     @property
@@ -103,7 +103,7 @@ class ObjectiveConfig:
             if beta is None:
                 raise ValueError("beta='fitted' needs dev pools to fit it on")
             b = float(beta)
-        return ResolvedObjective(self.objective, self.direction, gamma, b, self.lm_score,
+        return ResolvedObjective(self.kind, self.direction, gamma, b, self.lm_score,
                                  self.gamma_learning_rate, learned=self.learns_gamma)
 
     @classmethod

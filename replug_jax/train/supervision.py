@@ -10,7 +10,6 @@ already paid for.
 from __future__ import annotations
 
 import functools
-import json
 import pathlib
 import threading
 import time
@@ -24,24 +23,21 @@ from replug_jax.train.data import Example
 
 
 class LMScoreCache:
-    """The LM scores of (example, passage) pairs, on a :class:`ScoreStore` for one LM.
+    """The trainer's door to the LM's scores of (example, passage) pairs: a
+    :class:`ScoreStore` for one LM, thread-safe (the prefetcher scores beside the step), with
+    ``hits`` and ``misses`` counting the steps' lookups.
 
-    A pair's key is its content before the document is fitted to the LM's context: the
-    document's text, the separator and the example's context, with the continuation. For one
-    LM (the store's) that text fixes the prompt the LM is given, so a hit needs no
-    tokenisation; the same pair in another run, split or example id is found. ``hits`` and
-    ``misses`` count the steps' lookups."""
+    A pair is keyed as every other user of a store keys it (:func:`branch_keys`: the prompt
+    ``d ∘ x`` REPLUG scores, the document fitted to the LM's context, with the continuation),
+    so pools, :class:`~replug_jax.lm.score_store.StoredLM` pipelines (``replug eval``, the
+    studies) and training runs over one store score each pair once; the same pair in another
+    run, split or example id is found."""
 
     def __init__(self, directory: str | pathlib.Path, lm_id: str):
         self.store = ScoreStore(directory, lm_id)
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
-
-    @staticmethod
-    def key(example: Example, passage, separator: str) -> str:
-        branch = json.dumps([corpus_text(passage), separator, example.context])
-        return pair_key(branch, example.continuation)
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
@@ -53,9 +49,12 @@ class LMScoreCache:
             logprobs, _ = self.store.get(key)
         return float(logprobs.sum()), len(logprobs)
 
-    def add(self, keys: list[str], logprobs: list[np.ndarray], seconds: float) -> None:
+    def add(self, keys: list[str], scores: list, seconds: float) -> None:
+        """Keep one call's :class:`~replug_jax.lm.scorer.ContinuationScore` objects whole
+        (tokens too), so that a :class:`~replug_jax.lm.score_store.StoredLM` over the store
+        serves them as well."""
         with self._lock:
-            self.store.add(keys, logprobs, seconds)
+            self.store.add_scores(keys, scores, seconds)
 
 
 def branch_prompts(examples, passages, scorer, separator: str = "\n\n") -> list[str]:
@@ -75,6 +74,15 @@ def branch_prompts(examples, passages, scorer, separator: str = "\n\n") -> list[
     return out
 
 
+def branch_keys(examples, passages, scorer, separator: str = "\n\n"
+                ) -> tuple[list[str], list[str]]:
+    """``(keys, prompts)`` of (example, passage) pairs: each pair's branch prompt
+    (:func:`branch_prompts`) and its store key, ``pair_key(prompt, continuation)``, the key
+    of :class:`~replug_jax.lm.score_store.StoredLM` and of pool builds."""
+    prompts = branch_prompts(examples, passages, scorer, separator)
+    return [pair_key(p, ex.continuation) for p, ex in zip(prompts, examples)], prompts
+
+
 def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
               cache: LMScoreCache, separator: str = "\n\n", reduction: str = "mean",
               chunk: int = 64, count: bool = True) -> tuple[np.ndarray, int]:
@@ -83,24 +91,26 @@ def lm_scores(examples, doc_ids_BK: np.ndarray, passages_by_id: dict, scorer,
     longer than the LM context allows are cut from the end (:func:`fit_document`). The new
     pairs are scored ``chunk`` at a time and stored as one part (a kill loses one call's).
     ``count=False``: leave the cache's hit and miss counts alone (a prefetch)."""
-    keyed = [(b, k, cache.key(ex, passages_by_id[int(d)], separator), ex, int(d))
-             for b, (ex, row) in enumerate(zip(examples, doc_ids_BK))
+    cells = [(b, k, ex, int(d)) for b, (ex, row) in enumerate(zip(examples, doc_ids_BK))
              for k, d in enumerate(row) if d >= 0]
-    pairs = {key: (ex, d) for _, _, key, ex, d in keyed}
-    missing = [key for key in pairs if key not in cache]
+    keys, prompts = branch_keys([ex for _, _, ex, _ in cells],
+                                [passages_by_id[d] for *_, d in cells], scorer, separator)
+    missing: dict[str, int] = {}  # each pair the store lacks, once: its first cell
+    for i, key in enumerate(keys):
+        if key not in missing and key not in cache:
+            missing[key] = i
     if count:
-        cache.hits += len(keyed) - len(missing)
+        cache.hits += len(keys) - len(missing)
         cache.misses += len(missing)
-    new_rows, t0 = [], time.perf_counter()
-    for start in range(0, len(missing), chunk):
-        part = [pairs[key] for key in missing[start:start + chunk]]
-        prompts = branch_prompts([ex for ex, _ in part], [passages_by_id[d] for _, d in part],
-                                 scorer, separator)
-        scored = scorer.score_continuations(prompts, [ex.continuation for ex, _ in part])
-        new_rows += [s.logprobs for s in scored]
-    cache.add(missing, new_rows, time.perf_counter() - t0)
+    todo, new_rows, t0 = list(missing.values()), [], time.perf_counter()
+    for start in range(0, len(todo), chunk):
+        part = todo[start:start + chunk]
+        scored = scorer.score_continuations([prompts[i] for i in part],
+                                            [cells[i][2].continuation for i in part])
+        new_rows += scored
+    cache.add(list(missing), new_rows, time.perf_counter() - t0)
     out = np.zeros(doc_ids_BK.shape, np.float32)
-    for b, k, key, _, _ in keyed:  # each pair's key made once
+    for (b, k, _, _), key in zip(cells, keys):
         total, n = cache.totals(key)
         out[b, k] = total if reduction == "sum" else total / max(n, 1)
     return out, len(missing)

@@ -1,0 +1,1 @@
+"""Tests of replug_jax/core/."""

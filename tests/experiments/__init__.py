@@ -1,0 +1,1 @@
+"""Tests of the experiment scripts and experiments/lib/."""

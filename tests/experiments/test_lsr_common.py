@@ -1,0 +1,70 @@
+"""experiments/lib/lsr_common.py: the variant a registered config names by its rule."""
+
+import dataclasses
+import json
+
+import pytest
+
+from experiments.configs.lsr_qa import CONFIGS
+from experiments.lib.lsr_common import label, registered_variant, variants
+
+
+def _row(objective, direction, gamma, beta, recall, loglik, lm_score="sum"):
+    return {"config": {"objective": objective, "direction": direction, "gamma": gamma,
+                       "beta": beta, "lm_score": lm_score, "total_steps": 1000},
+            "dev_recall@1": recall, "dev_pool_loglik": loglik}
+
+
+def _study(tmp_path, rows, finished):
+    path = tmp_path / "default.json"
+    path.write_text(json.dumps({"finished": finished, "rows": rows}))
+    return dataclasses.replace(CONFIGS["tau_confirm"], variant_from=str(path))
+
+
+def test_the_registered_rule_picks_the_best_dev_recall_then_loglik_then_order(tmp_path):
+    rows = [_row("kl", "retriever_to_lm", "fitted", 1.0, 0.548, -15.47),
+            _row("marginal", "retriever_to_lm", 0.05, 1.0, 0.552, -15.43),
+            _row("kl", "retriever_to_lm", 0.05, 1.0, 0.552, -15.33),  # tie: better loglik
+            _row("kl", "retriever_to_lm", "learned", "fitted", 0.552, -15.33)]  # later
+    cfg = registered_variant(_study(tmp_path, rows, "4 of 4 variants"))
+    assert cfg.objectives == ("kl_retriever_to_lm",)
+    assert cfg.grid == ((0.05, 1.0),) and cfg.lm_score == "sum"
+    runs = [v for v in variants(cfg) if not v.supervision.shuffle_q]
+    assert [label(v) for v in runs] == ["kl_retriever_to_lm/γ=0.05/β=1/Q=sum"]
+    # the shuffled-Q control is the same variant, trained a fixed budget
+    control = [v for v in variants(cfg) if v.supervision.shuffle_q]
+    assert len(control) == 1 and control[0].total_steps == cfg.control_steps
+    assert control[0].selection.metric == "last"
+
+    rows[1]["dev_recall@1"] = 0.560  # the marginal likelihood now leads: it has no β
+    cfg = registered_variant(_study(tmp_path, rows, "4 of 4 variants"))
+    assert cfg.objectives == ("marginal",) and cfg.grid == ((0.05, 1.0),)
+
+
+def test_the_rule_refuses_a_partial_or_missing_study(tmp_path):
+    rows = [_row("kl", "retriever_to_lm", 0.05, 1.0, 0.552, -15.33)]
+    with pytest.raises(ValueError, match="not finished"):
+        registered_variant(_study(tmp_path, rows, "1 of 15 variants (partial result)"))
+    with pytest.raises(ValueError, match="not finished"):
+        registered_variant(_study(tmp_path, [], "0 of 15 variants"))
+    cfg = dataclasses.replace(CONFIGS["tau_confirm"], variant_from=str(tmp_path / "none.json"))
+    with pytest.raises(ValueError, match="no such results file"):
+        registered_variant(cfg)
+
+
+def test_the_registered_config_selects_as_its_temperature_study_trained():
+    """tau_confirm's variant is trained with the temperature study's settings (budget,
+    cadence, selection, Q), so the study's dev numbers are what it registered on."""
+    from experiments.configs.lsr_temperature import CONFIGS as TEMPERATURE
+
+    reg, study = CONFIGS["tau_confirm"], TEMPERATURE["default"]
+    assert (reg.steps, reg.eval_every, reg.batch_size, reg.learning_rate, reg.recall_dev,
+            reg.select_on, reg.lm_score, reg.seed) == (
+        study.steps, study.eval_every, study.batch_size, study.learning_rate,
+        study.recall_dev, study.select_on, study.lm_score, study.seed)
+    assert reg.patience == 0 and reg.eval_temperature == 0.0
+    assert (reg.test_source, reg.test_articles, reg.test_skip_articles) == (
+        "unused_train", 120, 0)  # `confirm`'s draw, never run
+    base = CONFIGS[study.study]
+    assert (reg.max_train, reg.max_dev, reg.dev_articles, reg.train_articles) == (
+        base.max_train, base.max_dev, base.dev_articles, base.train_articles)
