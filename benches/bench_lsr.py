@@ -89,8 +89,9 @@ def lsr_setup(b: int = 8, k: int = 4, lq: int = 32, ld: int = 128, retriever: st
                                       model.model.pooling, model.normalize,
                                       schedule=cfg.optim.schedule(cfg.total_steps),
                                       remat=cfg.remat)
+    o = cfg.objective
     grad = jax.jit(jax.value_and_grad(lambda p, bt: lsr_loss(
-        scores_fn(p, bt), bt["lm_scores"], cfg.objective.gamma, cfg.objective.beta, bt["doc_valid"])))
+        scores_fn(p, bt), bt["lm_scores"], o.gamma, o.beta, bt["doc_valid"])))
     return types.SimpleNamespace(
         retriever=model, cfg=cfg, tx=tx, step=step, scores_fn=scores_fn, grad=grad,
         params=params, batch=synthetic_batch(b, k, lq, ld, model.model.config.vocab_size))

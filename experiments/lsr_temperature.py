@@ -310,7 +310,8 @@ def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: i
              f"{base['dev_tau']:g}; fitted on the dev pool: τ = {base_fit.get('tau')}, "
              f"β = {base_fit.get('beta')}"
              + (" (on a bound of beta_grid: the mean KL(P_R‖Q) still falls there)"
-                if base_fit.get("beta") in (min(SelectionConfig.beta_grid), max(SelectionConfig.beta_grid))
+                if base_fit.get("beta") in (min(SelectionConfig.beta_grid),
+                                            max(SelectionConfig.beta_grid))
                 else "") + f". Each run's step is kept by {cfg.select_on} on "
              "these same dev questions (optimistic: for choosing what to register, not a "
              "result). Entropies (nats; uniform over k = "
