@@ -48,7 +48,7 @@ def card(cfg, retriever, payload: dict) -> tuple[dict, str]:
                                "grid": list(cfg.tau_grid)})}
     wide = p.get("recall_test")
     if wide:  # the primary endpoint: recall@1 over the whole datastore, every test question
-        lead = (f"Better than its base: gold-paragraph recall@1 "
+        lead = (f"Better than its base: gold-paragraph recall@1 (higher is better) "
                 f"{wide['recall'][chosen]['1']:.3f} vs {wide['recall']['base retriever']['1']:.3f}"
                 f", {format_interval(wide['vs_base'][chosen]['1'], 3)} (95 % CI over "
                 f"{wide['articles']} test articles, {wide['questions']:,} questions no "

@@ -148,7 +148,8 @@ def test_a_recall_study_card_leads_with_recall_at_1_and_states_the_bases_trainin
                                "vs_base": {"chosen": {"1": rec}}}}
     settings, card = lsr_qa_report.card(cfg, tiny_retriever(0), payload)
     lead = card.split("\n\n")[1]
-    assert lead.startswith("Better than its base: gold-paragraph recall@1 0.556 vs 0.544")
+    assert lead.startswith("Better than its base: gold-paragraph recall@1 (higher is better) "
+                           "0.556 vs 0.544")
     assert "+0.012 [+0.005, +0.019]" in lead and "182 test articles" in lead
     assert "12,000 questions" in lead and "+0.050 [-0.040, +0.130] nats" in lead
     assert "SQuAD, Natural Questions and TriviaQA" in card and \
