@@ -220,33 +220,36 @@ def replace_all(cfg, changes: dict):
     return dataclasses.replace(cfg, **here)
 
 
-def updated(cfg, changes: dict):
-    """``cfg`` with ``{key: value}`` applied together, keys dotted (``{"objective.gamma":
-    0.5, "total_steps": 10}``), values checked as a JSON config's are (:func:`typed`)."""
+def _set_together(cfg, items, convert):
+    """``cfg`` with each ``(dotted key, value)`` of ``items`` set at once, each value made
+    its field's type by ``convert(field, value)``."""
     paths = {}
-    for key, value in changes.items():
+    for key, value in items:
         path, field = field_at(type(cfg), key)
-        paths[path] = typed(field, value)
+        paths[path] = convert(field, value)
     try:
         return replace_all(cfg, paths)
     except ValueError as err:  # the dataclasses' own validation
         raise ConfigError(str(err)) from err
 
 
+def updated(cfg, changes: dict):
+    """``cfg`` with ``{key: value}`` applied together, keys dotted (``{"objective.gamma":
+    0.5, "total_steps": 10}``), values checked as a JSON config's are (:func:`typed`)."""
+    return _set_together(cfg, changes.items(), typed)
+
+
 def apply_overrides(cfg, overrides: typing.Iterable[str]):
     """``cfg`` with ``key=value`` overrides applied together (later ones win);
-    ``piece.name=value`` sets a piece's field (:func:`field_at`)."""
-    changes = {}
+    ``piece.name=value`` sets a piece's field (:func:`field_at`), the text coerced to its
+    type (:func:`coerce`)."""
+    items = []
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} is not key=value")
-        path, field = field_at(type(cfg), key)
-        changes[path] = coerce(field, text)
-    try:
-        return replace_all(cfg, changes)
-    except ValueError as err:  # the dataclasses' own validation
-        raise ConfigError(str(err)) from err
+        items.append((key, text))
+    return _set_together(cfg, items, coerce)
 
 
 def _nearest(key: str, names) -> str:
