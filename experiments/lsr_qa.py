@@ -42,9 +42,9 @@ import pathlib
 import numpy as np
 
 from experiments.lib import lm_datastore, lsr_qa_report, squad
-from experiments.lib.common import load_lm, provenance, run, write_results
+from experiments.lib.common import provenance, run, write_results
 from experiments.configs.lsr_qa import CONFIGS
-from experiments.lib.lsr_common import REGISTERED_RULE, registered_variant, slug
+from experiments.lib.lsr_common import REGISTERED_RULE, registered_variant, slug, study_models
 from experiments.lib.lsr_qa_data import (
     base_retrieval,
     examples_of,
@@ -196,18 +196,17 @@ class QATask:
 
     @classmethod
     def open(cls, cfg, args) -> "QATask":
-        if cfg.k > min(cfg.pool_size, cfg.test_pool_size or cfg.pool_size):
-            raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} (test "
+        if cfg.train.k > min(cfg.pool_size, cfg.test_pool_size or cfg.pool_size):
+            raise ValueError(f"k={cfg.train.k} exceeds the pool of {cfg.pool_size} (test "
                              f"{cfg.test_pool_size or cfg.pool_size}) candidates")
-        if cfg.towers != "query":
-            raise ValueError("lsr_qa trains the query tower only (towers=query): a shared "
-                             "encoder would re-embed the whole datastore for every variant's "
-                             "test")
+        if cfg.train.supervision.towers != "query":
+            raise ValueError("lsr_qa trains the query tower only (train.supervision.towers="
+                             "query): a shared encoder would re-embed the whole datastore for "
+                             "every variant's test")
         progress = not args.no_progress
         work = pathlib.Path(cfg.workdir) / (cfg.work or args.config)
         work.mkdir(parents=True, exist_ok=True)
-        lm = load_lm(cfg.lm, cfg.lm_max_context)
-        retriever = Retriever.load(cfg.retriever)
+        lm, retriever = study_models(cfg.train)
         study = open_study(cfg, retriever, lm, work, progress)
         examples = {n: examples_of(qs) for n, qs in study.pool_sets.items()}
         carry = args.carry or work
@@ -258,7 +257,7 @@ class QATask:
             pools = {s: self.pools[n].subset(rows) for s, (n, rows) in built.items()}
             examples = {s: [self.examples[n][i] for i in rows] for s, (n, rows) in built.items()}
             self.embed_base({s: (pools[s], examples[s]) for s in ("train", "dev")})
-            recall = self._dev_recall(f) if self.cfg.select_on == "recall@1" else None
+            recall = self._dev_recall(f) if self.cfg.train.selection.metric == "recall@1" else None
             run_dir = (self.work if single else self.work / f"fold{f}") / "runs"
             out.append(Fold(f, pools, examples, run_dir, recall))
         return out
@@ -289,9 +288,9 @@ class QATask:
         pools, examples = fold.pools, fold.examples
         base_scores = {s: pools[s].branches.scores_NK for s in ("dev", "test")}
         out = {"questions": {s: self.study.questions(f, s) for s in self.study.folds[f]},
-               "base_ll": {s: pool_logliks(pools[s], base_scores[s], cfg.k)
+               "base_ll": {s: pool_logliks(pools[s], base_scores[s], cfg.train.k)
                            for s in base_scores},
-               "oracle": {s: oracle_logliks(pools[s], cfg.k) for s in base_scores},
+               "oracle": {s: oracle_logliks(pools[s], cfg.train.k) for s in base_scores},
                "tau": {}, "dev_ll": {}, "ll": {}, "hits": {}, "answers": {},
                "test_pool_size": pools["test"].doc_ids_EM.shape[1],
                "runs": runs, "chosen": chosen}
@@ -303,10 +302,10 @@ class QATask:
         results = {name: self.retrieval(fold, name, p, base_scores["dev"], out)
                    for name, p in params.items()}
         logprobs = pair_logprobs(results, examples["test"], pools["test"], self.lm, self.by_id,
-                                 fold.work, cfg.k, self.progress, cfg.part_size, self.store)
+                                 fold.work, cfg.train.k, self.progress, cfg.part_size, self.store)
         length = pools["test"].branches.token_mask_NT.sum(1)
         for name, res in results.items():
-            out["ll"][name] = end_to_end(res, logprobs, length, out["tau"][name], cfg.k)
+            out["ll"][name] = end_to_end(res, logprobs, length, out["tau"][name], cfg.train.k)
             if out["gen_rows"].size and name in (BASE, chosen):
                 self.answers(fold, name, _rows_of(res, out["gen_rows"]), out)
         out["alone"] = np.array([r.total for r in self.lm.score_continuations(
@@ -322,12 +321,13 @@ class QATask:
         dev_s = (base_dev_scores if params is None else pool_scores(
             self.retriever, params, pools["dev"], fold.examples["dev"], self.by_id,
             self.frozen))
-        out["tau"][name], out["dev_ll"][name] = fit_pool_tau(pools["dev"], dev_s, cfg.k,
-                                                             cfg.tau_grid)
+        out["tau"][name], out["dev_ll"][name] = fit_pool_tau(pools["dev"], dev_s, cfg.train.k,
+                                                             cfg.train.selection.tau_grid)
         set_name, rows = study.folds[fold.index]["test"]
         test_qs = study.questions(fold.index, "test")
         res = (_rows_of(self.base_res[set_name], rows) if params is None else
-               retrieve(study.store, self.retriever, params, test_qs, max(cfg.k, *cfg.recall_ks)))
+               retrieve(study.store, self.retriever, params, test_qs,
+                        max(cfg.train.k, *cfg.recall_ks)))
         gold = np.array([q.paragraph for q in test_qs])
         out["hits"][name] = {r: (res.ids[:, :r] == gold[:, None]).any(1).astype(float)
                              for r in cfg.recall_ks}
@@ -389,7 +389,7 @@ class QATask:
         tag = "" if set_name == "test" else f"{set_name}_"  # answers file names
         out["answers"][BASE if name == BASE else "chosen"] = generate_answers(
             self.lm, [fold.examples["test"][i] for i in out["gen_rows"]], sub,
-            out["tau"][name], cfg.k, cfg.max_new_tokens,
+            out["tau"][name], cfg.train.k, cfg.max_new_tokens,
             fold.work / f"answers_{tag}{slug(name).replace(' ', '_')}.json",
             progress=self.progress)
 

@@ -6,8 +6,9 @@ compared on the same LM scores, and the chosen retriever evaluated end to end.
    once by the frozen LM (:func:`replug_jax.train.pool.build_pool`; resumable).
 2. For every objective (KL(P_R‖Q) as the paper, KL(Q‖P_R), the marginal likelihood) and
    (γ, β) of the grid: LSR on the train pool for up to ``steps`` steps with a dev curve and
-   early stopping (the one trainer, :class:`replug_jax.train.loop.LSRTrainer` on the pools); dev and test bits per byte of
-   REPLUG within the pools, each vs the base retriever with a paired bootstrap interval.
+   early stopping (the one trainer, :class:`replug_jax.train.loop.LSRTrainer` on the pools);
+   dev and test bits per byte of REPLUG within the pools, each vs the base retriever with a
+   paired bootstrap interval.
 3. The variant with the best dev value re-embeds the whole datastore (with ``towers="query"``
    the passages keep their base embeddings) and retrieves its top-k for every test example
    from the index (not the pool); those branches are scored and REPLUG's
@@ -28,9 +29,9 @@ import pathlib
 import numpy as np
 
 from experiments.lib import lm_datastore, lsr_study_report
-from experiments.lib.common import load_lm, run
+from experiments.lib.common import run
 from experiments.configs.lsr_study import CONFIGS
-from experiments.lib.lsr_common import min_detectable, pool_reusing, slug
+from experiments.lib.lsr_common import min_detectable, pool_reusing, slug, study_models
 from experiments.lib.pool_study import Fold, run_params, run_study
 from replug_jax.eval.stats import bpb_difference, format_interval
 from replug_jax.fileio import write_json_atomic
@@ -61,13 +62,13 @@ def headroom(pools, base_ll, bytes_, cfg, kw) -> dict:
     the oracle better than the base on dev with an interval excluding zero."""
     out = {"oracle_bpb": {}, "oracle_vs_base": {}}
     for s in ("dev", "test"):
-        ll = oracle_logliks(pools[s], cfg.k, cfg.eval_temperature)
+        ll = oracle_logliks(pools[s], cfg.train.k, cfg.train.selection.tau)
         out["oracle_bpb"][s] = _bpb(ll, bytes_[s])
         out["oracle_vs_base"][s] = bpb_difference(ll, base_ll[s], bytes_[s], **kw[s])
     out["headroom"] = out["oracle_vs_base"]["dev"]["high"] < 0
     d = out["oracle_vs_base"]["dev"]
     out["verdict"] = (
-        f"the oracle (the LM's own top-{cfg.k} of each pool) is "
+        f"the oracle (the LM's own top-{cfg.train.k} of each pool) is "
         f"{format_interval(d, 4)} bits per byte from the base retriever on dev; "
         + ("a retriever can gain up to that much here." if out["headroom"] else
            "not better with an interval excluding zero: no retriever trained on these pools "
@@ -84,8 +85,8 @@ def _examples(cfg, tokenizer) -> dict:
     """Each split's windows: a seeded sample across articles, not the first ones."""
     caps = {"train": cfg.max_train, "dev": cfg.max_dev, "test": cfg.max_test}
     paths = _paths(cfg)
-    examples = {s: lm_examples(paths[s], tokenizer, cfg.context_tokens,
-                               cfg.continuation_tokens) for s in paths}
+    examples = {s: lm_examples(paths[s], tokenizer, cfg.train.data.context_tokens,
+                               cfg.train.data.continuation_tokens) for s in paths}
     for s, cap in caps.items():
         if cap and len(examples[s]) > cap:
             keep = np.sort(np.random.default_rng([cfg.seed, len(s)]).choice(
@@ -126,22 +127,20 @@ class WindowsTask:
     def open(cls, cfg, args) -> "WindowsTask":
         """The LM, the retriever, the datastore (a built index, or the corpus embedded here)
         and each split's windows with their leakage exclusions."""
-        if cfg.k > cfg.pool_size:
-            raise ValueError(f"k={cfg.k} exceeds the pool of {cfg.pool_size} candidates")
+        if cfg.train.k > cfg.pool_size:
+            raise ValueError(f"k={cfg.train.k} exceeds the pool of {cfg.pool_size} candidates")
         work = pathlib.Path(cfg.workdir) / (cfg.work or args.config)
         # work=another config: its pools and trained runs, tested on this config's test data
         # (its test pool and end-to-end pairs in folders named after this config)
         tag = f"_{args.config}" if cfg.work and cfg.work != args.config else ""
         (work / "runs").mkdir(parents=True, exist_ok=True)
         progress = not args.no_progress
-        lm = load_lm(cfg.lm, cfg.lm_max_context)
-        retriever = Retriever.load(cfg.retriever, max_length=cfg.doc_max_length,
-                                   query_max_length=cfg.query_max_length)
+        lm, retriever = study_models(cfg.train)
         base_index, texts = None, None
         if cfg.index:  # a built datastore (`replug index build`): only the query tower learns
-            if cfg.towers != "query":
-                raise ValueError("index= needs towers=query: a shared encoder would re-embed "
-                                 "the whole index")
+            if cfg.train.supervision.towers != "query":
+                raise ValueError("index= needs train.supervision.towers=query: a shared encoder "
+                                 "would re-embed the whole index")
             # enwiki:N (the first N enwiki articles) is indexed once in the work root
             base_index = lm_datastore.open_datastore(
                 cfg.index, retriever, lm, cfg.passage_tokens, cache=pathlib.Path(cfg.workdir),
@@ -154,7 +153,7 @@ class WindowsTask:
         examples = _examples(cfg, lm.tokenizer)
         # one pass over the datastore (a store of 220k passages is read once, not per split)
         every = [e for s in SPLITS for e in examples[s]]
-        flat = iter(leakage_exclusions(every, passages, cfg.leakage))
+        flat = iter(leakage_exclusions(every, passages, cfg.train.data.leakage))
         excluded = {s: [next(flat) for _ in examples[s]] for s in SPLITS}
         if not cfg.index:
             texts = [corpus_text(p) for p in passages]
@@ -163,8 +162,9 @@ class WindowsTask:
         prov = {"lm": lm.name, "lm_max_context": lm.max_context,
                 "retriever": retriever.identity, "corpus": cfg.index or cfg.corpus,
                 "corpus_checksum": base_index.store.checksum,
-                "passage_tokens": cfg.passage_tokens, "context_tokens": cfg.context_tokens,
-                "continuation_tokens": cfg.continuation_tokens, "leakage": cfg.leakage,
+                "passage_tokens": cfg.passage_tokens, **{
+                    name: getattr(cfg.train.data, name)
+                    for name in ("context_tokens", "continuation_tokens", "leakage")},
                 "separator": "\n\n"}
         return cls(cfg, args, work, tag, lm, retriever, passages, by_id, examples, excluded,
                    base_index, texts, prov, progress)
@@ -185,7 +185,8 @@ class WindowsTask:
                  "examples": [e.id for e in self.examples[s]], "pool_size": cfg.pool_size},
                 progress=self.progress)
         self.base_ll = {s: pool_logliks(self.pools[s], self.pools[s].branches.scores_NK,
-                                        cfg.k, cfg.eval_temperature) for s in ("dev", "test")}
+                                        cfg.train.k, cfg.train.selection.tau)
+                        for s in ("dev", "test")}
         self.bytes_ = {s: self.pools[s].branches.bytes_N for s in ("dev", "test")}
         # windows of one article are not independent: intervals resample whole articles
         self.articles = {s: [e.source_id or e.id for e in self.examples[s]]
@@ -217,11 +218,12 @@ class WindowsTask:
 
     def within_pool(self, params, s: str) -> dict:
         """REPLUG on split ``s`` with ``params``' top-k within each pool, vs the base."""
-        doc_tower = (None, self.frozen) if self.cfg.towers == "query" else ("same", None)
+        doc_tower = ((None, self.frozen) if self.cfg.train.supervision.towers == "query"
+                     else ("same", None))
         q, d = embed_pool(self.retriever, params, self.pools[s], self.examples[s], self.by_id,
                           *doc_tower)
-        ll = pool_logliks(self.pools[s], np.einsum("ed,emd->em", q, d), self.cfg.k,
-                          self.cfg.eval_temperature)
+        ll = pool_logliks(self.pools[s], np.einsum("ed,emd->em", q, d), self.cfg.train.k,
+                          self.cfg.train.selection.tau)
         return {"bpb": _bpb(ll, self.bytes_[s]),
                 "vs_base": bpb_difference(ll, self.base_ll[s], self.bytes_[s], **self.kw[s]),
                 "logliks": ll.tolist()}
@@ -244,10 +246,10 @@ class WindowsTask:
             for r in runs.values():
                 r["test"] = None
             runs[chosen]["test"] = self.within_pool(params, "test")
-        index = self.base_index if cfg.towers == "query" else Index.build(
+        index = self.base_index if cfg.train.supervision.towers == "query" else Index.build(
             retriever.encode_passages(self.texts, params), self.passages,
             encoder=retriever.identity)
-        res = index.search(retriever.encode_queries([e.query for e in test], params), cfg.k,
+        res = index.search(retriever.encode_queries([e.query for e in test], params), cfg.train.k,
                            exclude_ids=self.excluded["test"])
         self.by_id.update({p.id: p for ps in res.passages for p in ps})
         full = pool_reusing(self.pools["test"], test, res.ids, res.scores, self.by_id, self.lm,
@@ -255,7 +257,7 @@ class WindowsTask:
                             {**self.provenance, "split": "test", "retrieved_by": chosen,
                              "examples": [e.id for e in test]},
                             progress=self.progress)
-        full_ll = pool_logliks(full, full.branches.scores_NK, cfg.k, cfg.eval_temperature)
+        full_ll = pool_logliks(full, full.branches.scores_NK, cfg.train.k, cfg.train.selection.tau)
         alone = np.array([r.logprobs.sum() for r in self.lm.score_continuations(
             [e.context for e in test], [e.continuation for e in test])], np.float64)
         return {"runs": runs, "chosen": chosen, "params": params, "full": full,

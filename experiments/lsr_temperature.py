@@ -107,9 +107,10 @@ def open_pools(cfg, args):
     return qa_cfg, task, pools, examples
 
 
-def dev_measures(task, qa_cfg, pools, examples, recall_qs, tau_grid):
+def dev_measures(task, train, pools, examples, recall_qs):
     """``measure(params)``: each recall question's hit at rank 1 of the whole datastore and
-    each dev-pool question's REPLUG log-likelihood at the τ fitted on the dev pool."""
+    each dev-pool question's REPLUG log-likelihood (``train.k`` documents) at the τ fitted on
+    the dev pool (over ``train.selection.tau_grid``)."""
     gold = np.array([q.paragraph for q in recall_qs])
 
     def hits(params) -> np.ndarray:
@@ -119,9 +120,9 @@ def dev_measures(task, qa_cfg, pools, examples, recall_qs, tau_grid):
     def measure(params) -> dict:
         s = pool_scores(task.retriever, params, pools["dev"], examples["dev"], task.by_id,
                         task.frozen)
-        tau, _ = fit_pool_tau(pools["dev"], s, qa_cfg.k, tau_grid)
+        tau, _ = fit_pool_tau(pools["dev"], s, train.k, train.selection.tau_grid)
         return {"dev_recall_hits": hits(params).astype(int).tolist(), "dev_tau": tau,
-                "dev_pool_logliks": pool_logliks(pools["dev"], s, qa_cfg.k, tau).tolist()}
+                "dev_pool_logliks": pool_logliks(pools["dev"], s, train.k, tau).tolist()}
     return hits, measure
 
 
@@ -215,13 +216,10 @@ def main(argv=None):
              "the study runs, stated as such)"))
     qa_cfg, task, pools, examples = open_pools(cfg, args)
     recall_qs = squad.sample_questions(task.study.dev_all, cfg.recall_dev, cfg.seed)
-    hits, measure = dev_measures(task, qa_cfg, pools, examples, recall_qs, qa_cfg.tau_grid)
+    hits, measure = dev_measures(task, cfg.train, pools, examples, recall_qs)
     grid_cfg = dataclasses.replace(
-        qa_cfg, grid=tuple(itertools.product(cfg.gammas, cfg.betas)),
-        objectives=tuple(cfg.objectives), lm_score=cfg.lm_score, steps=cfg.steps,
-        eval_every=cfg.eval_every, batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate, patience=0, eval_temperature=0.0,
-        select_on=cfg.select_on, shuffled_control=False)
+        qa_cfg, train=cfg.train, grid=tuple(itertools.product(cfg.gammas, cfg.betas)),
+        objectives=tuple(cfg.objectives), shuffled_control=False)
     fold = Fold(0, pools, examples, pathlib.Path(cfg.workdir) / f"{NAME}_{args.config}",
                 dev_recall=lambda params: float(np.mean(hits(params))))
     base = measure(None)
@@ -257,7 +255,7 @@ def report(runs: dict, *, args, cfg, qa_cfg, task, pools, recall_qs, base, grid_
     rows = summarize(runs, base, [q.article for q in recall_qs],
                      [q.article for q in task.study.pool_sets["dev"]], cfg)
     base_fit = next(iter(runs.values()))["temperatures"].get("base_fitted", {})
-    ent = measured_entropies(pools["train"], qa_cfg.k,
+    ent = measured_entropies(pools["train"], cfg.train.k,
                              sorted({base_fit.get("tau", 0.02), 0.02, 0.05, 0.1, 1.0}),
                              sorted({1.0, 0.1, base_fit.get("beta", 1.0)}))
     names = [label(v) for v in variants(grid_cfg)]
@@ -282,7 +280,7 @@ def report(runs: dict, *, args, cfg, qa_cfg, task, pools, recall_qs, base, grid_
     out_dir = pathlib.Path(args.out) / NAME
     out_dir.mkdir(parents=True, exist_ok=True)
     payload["plot"] = plot(rows, cfg, out_dir / f"{args.config}.png")
-    write_report(args, cfg, payload, rows, qa_cfg.k, len(pools["dev"]))
+    write_report(args, cfg, payload, rows, cfg.train.k, len(pools["dev"]))
 
 
 def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: int) -> None:
@@ -312,7 +310,7 @@ def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: i
              + (" (on a bound of beta_grid: the mean KL(P_R‖Q) still falls there)"
                 if base_fit.get("beta") in (min(SelectionConfig.beta_grid),
                                             max(SelectionConfig.beta_grid))
-                else "") + f". Each run's step is kept by {cfg.select_on} on "
+                else "") + f". Each run's step is kept by {cfg.train.selection.metric} on "
              "these same dev questions (optimistic: for choosing what to register, not a "
              "result). Entropies (nats; uniform over k = "
              f"{k}: {ent['uniform']:.3f}) of P_R over the base's top-k on the train "
@@ -329,7 +327,7 @@ def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: i
                                "products, the whole index retrieved, 25k steps. Here: "
                                "all-MiniLM-L6-v2 (cosine) under SmolLM2-135M, only the query "
                                "tower trained, pools of the base's top-8 re-ranked, "
-                               f"{cfg.steps} steps. " + BASE_DATA))
+                               f"{cfg.train.total_steps} steps. " + BASE_DATA))
 
 
 

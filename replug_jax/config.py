@@ -124,9 +124,17 @@ def typed(field: dataclasses.Field, value):
 
 def pieces(cls) -> dict:
     """The nested pieces of a config class: ``{field name: piece class}`` for every field
-    whose default is a dataclass (``lm: LMConfig = field(default_factory=LMConfig)``)."""
-    return {f.name: f.default_factory for f in dataclasses.fields(cls)
-            if isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory)}
+    whose default is a dataclass, a class (``lm: LMConfig = field(default_factory=LMConfig)``)
+    or a ready instance (``train: LSRConfig = field(default_factory=lambda: TRAIN)``)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        made = f.default_factory
+        if made is dataclasses.MISSING:
+            continue
+        kind = made if isinstance(made, type) else type(made())
+        if dataclasses.is_dataclass(kind):
+            out[f.name] = kind
+    return out
 
 
 def leaves(cls, prefix: str = "") -> list[str]:
@@ -192,8 +200,11 @@ def build(cls, values: dict, where: str = ""):
         if name in nested:
             if isinstance(value, nested[name]):
                 kwargs[name] = value
-            elif isinstance(value, dict):
+            elif isinstance(value, dict) and isinstance(fields[name].default_factory, type):
                 kwargs[name] = build(nested[name], value, f"{where}{name}.")
+            elif isinstance(value, dict):  # a piece whose default is a template: changed
+                kwargs[name] = _within(updated, fields[name].default_factory(),
+                                       dotted(value), f"{where}{name}.")
             else:
                 raise ConfigError(f"{where}{name} is a group of settings: give an object "
                                   f"of {', '.join(leaves(nested[name], where + name + '.'))}")
@@ -203,6 +214,23 @@ def build(cls, values: dict, where: str = ""):
         return cls(**kwargs)
     except ValueError as err:  # the dataclass's own validation
         raise ConfigError(f"{where.rstrip('.') + ': ' if where else ''}{err}") from None
+
+
+def _within(change, cfg, values, where: str):
+    """``change(cfg, values)``, its :class:`ConfigError` naming keys under ``where``."""
+    try:
+        return change(cfg, values)
+    except ConfigError as err:
+        raise ConfigError(f"{where.rstrip('.')}: {err}") from None
+
+
+def from_record(cls, record: dict):
+    """``cls`` from a stored record (a results file's or a run's ``config``), which may use
+    the names ``cls.RENAMED`` retired: records are read as they were written, where a config
+    file or ``--set`` with those names is refused."""
+    renamed, nested = getattr(cls, "RENAMED", {}), pieces(cls)
+    return build(cls, {key if key not in renamed or (key in nested and isinstance(value, dict))
+                       else renamed[key]: value for key, value in record.items()})
 
 
 def replace_all(cfg, changes: dict):

@@ -52,7 +52,9 @@ def pool_trainer(tiny, tmp_path, objective: str = "kl_retriever_to_lm", towers: 
                       "lm_score": "sum" if objective == "marginal" else "mean"},
         "k": 2, "total_steps": 4, "batch_size": 2, "retrieval.refresh_every": 2,
         "selection": {"every": 1, "tau": 1.0, "metric": "last"}, "optim.learning_rate": 1e-3,
-        "num_devices": 1, "checkpoint_every": 1, "retriever.name": "tiny"}).updated(kw)
+        "num_devices": 1, "checkpoint_every": 1,
+        "retriever": {"name": "tiny", "query_max_length": tiny[1].query_max_length,
+                      "doc_max_length": tiny[1].max_length}}).updated(kw)
     return LSRTrainer(cfg, tmp_path / "run", retriever=tiny[1], lm_scorer=None,
                       passages=passages, train=pool_examples(), dev=pool_examples(),
                       progress=False, pools=(pool, pool), dev_recall=dev_recall)

@@ -25,6 +25,17 @@ releases nothing: each fold trains its own retriever.
 """
 
 import dataclasses
+import typing
+
+from replug_jax.train.config import (
+    LMConfig,
+    LSRConfig,
+    RetrievalConfig,
+    RetrieverConfig,
+    SelectionConfig,
+    SupervisionConfig,
+)
+from replug_jax.train.spec import ObjectiveConfig, OptimConfig
 
 PRIMARY_ENDPOINT = ("mean gold-answer log-likelihood per question, REPLUG k=4 from the whole "
                     "datastore, τ fitted on dev; chosen LSR variant − base; 95 % CI over "
@@ -37,14 +48,50 @@ RECALL_ENDPOINT = ("gold-paragraph recall@1 over the whole datastore on every te
                    "with an LM pool, whose lower bound must stay above −loglik_margin")
 
 
+# What every variant trains with: the one trainer's config (each variant takes its objective
+# from the grid and names the study's own pools). The retriever's lengths are those the study
+# encodes with (MiniLM's and Contriever's 512 positions), so the released card states them.
+TRAIN = LSRConfig(
+    retriever=RetrieverConfig("minilm", query_max_length=512, doc_max_length=512),
+    lm=LMConfig("smollm2", max_context=1024),  # paper: GPT-3 Curie / Codex
+    supervision=SupervisionConfig(kind="pool", train_pool="<study>:train",
+                                  dev_pool="<study>:dev", towers="query"),
+    objective=ObjectiveConfig(lm_score="mean"),  # KL; the marginal likelihood always sums
+    # what early-stops training and chooses among variants: "pool_loglik" (the dev pool's
+    # REPLUG log-likelihood at selection.tau; 0: fitted over selection.tau_grid at every
+    # evaluation, the τ the endpoint uses) | "recall@1" (the gold paragraph at rank 1 of the
+    # whole datastore on dev, no LM cost; a step counts only if its dev pool log-likelihood
+    # at the fitted τ is not below the base's)
+    selection=SelectionConfig(metric="pool_loglik", patience=3, every=150, tau=1.0),
+    optim=OptimConfig(learning_rate=2e-5),  # §5.2
+    retrieval=RetrievalConfig(refresh_every=250),  # towers="shared" only: re-embed the pool
+    k=4,  # documents in REPLUG's ensemble (the primary endpoint's k too)
+    total_steps=1500, batch_size=16, num_devices=1, keep_checkpoints=1)
+# the step kept by dev recall@1 over the datastore, guarded by the dev pool at the fitted τ
+RECALL = {"selection.metric": "recall@1", "selection.tau": 0.0}
+# CI: a few steps of two documents
+TINY = TRAIN.updated({"k": 2, "total_steps": 4, "batch_size": 2, "selection.every": 2,
+                      "selection.patience": 2, "selection.tau_grid": (0.1, 1.0),
+                      "lm.max_context": 512})
+
+
 @dataclasses.dataclass(frozen=True)
 class QAStudyConfig:
+    # the study's names before it held a training config -> their place in `train`
+    RENAMED: typing.ClassVar[dict] = {
+        "retriever": "train.retriever.name", "lm": "train.lm.name",
+        "lm_max_context": "train.lm.max_context", "k": "train.k",
+        "towers": "train.supervision.towers", "steps": "train.total_steps",
+        "batch_size": "train.batch_size", "learning_rate": "train.optim.learning_rate",
+        "refresh_every": "train.retrieval.refresh_every", "eval_every": "train.selection.every",
+        "patience": "train.selection.patience", "lm_score": "train.objective.lm_score",
+        "eval_temperature": "train.selection.tau", "select_on": "train.selection.metric",
+        "tau_grid": "train.selection.tau_grid"}
+
+    train: LSRConfig = dataclasses.field(default_factory=lambda: TRAIN)
     # squad: train / dev articles / test articles (one fold); nq: `folds` folds by question
     dataset: str = "squad"
     folds: int = 4  # nq only
-    retriever: str = "minilm"  # paper: Contriever
-    lm: str = "smollm2"  # paper: GPT-3 Curie / Codex
-    lm_max_context: int = 1024
     # distractors beside every SQuAD paragraph: an index folder (`replug index build` of the
     # enwiki sample: runs/enwiki_idx), enwiki:N (the first N enwiki articles in 100-word
     # passages, indexed once in the work folder), or "" (none)
@@ -77,7 +124,6 @@ class QAStudyConfig:
     # questions scored per LM call (and per resumable part): questions come grouped by
     # article, and document KV reuse shares a paragraph among the questions of one call
     part_size: int = 64
-    k: int = 4  # documents in REPLUG's ensemble (the primary endpoint's k)
     recall_ks: tuple = (1, 5)
     objectives: tuple = ("kl_retriever_to_lm", "kl_lm_to_retriever", "marginal")
     grid: tuple = ((0.1, 0.1), (1.0, 1.0))  # (γ, β): numbers, "fitted" or (γ) "learned"
@@ -85,21 +131,6 @@ class QAStudyConfig:
     # before it finished (experiments.lib.lsr_common.registered_variant): that study's
     # results JSON; its variant replaces objectives, grid and lm_score when training starts
     variant_from: str = ""
-    towers: str = "query"  # query: only the query tower learns | shared: one encoder
-    steps: int = 1500
-    batch_size: int = 16
-    learning_rate: float = 2e-5  # §5.2
-    refresh_every: int = 250  # towers="shared" only: re-embed the pool passages
-    eval_every: int = 150
-    patience: int = 3
-    lm_score: str = "mean"  # KL objectives; the marginal likelihood always sums
-    # τ of the dev pool curve; 0: fitted (tau_grid) at every evaluation, the τ the endpoint uses
-    eval_temperature: float = 1.0
-    # what early-stops training and chooses among variants: "pool_loglik" (the dev pool's
-    # REPLUG log-likelihood at eval_temperature) | "recall@1" (the gold paragraph at rank 1 of
-    # the whole datastore on dev, no LM cost; a step counts only if its dev pool
-    # log-likelihood at the fitted τ is not below the base's)
-    select_on: str = "pool_loglik"
     # the shuffled-Q control: trained for exactly this many steps (0: early-stopped like the
     # variants, so that it may return the base and show nothing)
     control_steps: int = 0
@@ -111,7 +142,6 @@ class QAStudyConfig:
     # the released retriever also tested on the NQ questions with their gold passages
     # (reported, not gated)
     transfer_nq: bool = False
-    tau_grid: tuple = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)
     shuffled_control: bool = True
     require_headroom: bool = False  # stop before training when the oracle shows none
     max_generate: int = 300  # test questions answered greedily for EM / F1 (0 = none)
@@ -129,10 +159,10 @@ CONFIGS = {
     "default": QAStudyConfig(),
     # NQ, cross-fitted in 4 folds by question: all 624 questions tested once; per fold 60 dev
     # and ~408 train questions; the two objectives the SQuAD study compares most directly
-    "nq": QAStudyConfig(dataset="nq", folds=4, max_train=0, max_dev=60, max_test=624,
+    "nq": QAStudyConfig(train=TRAIN.updated({"total_steps": 600, "selection.every": 60}),
+                        dataset="nq", folds=4, max_train=0, max_dev=60, max_test=624,
                         objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),),
-                        steps=600, eval_every=60, max_generate=200,
-                        release=""),
+                        max_generate=200, release=""),
     # The confirmatory test, registered on 2026-12-03 after the `default` run's results and
     # before any of its pools was scored. Hypothesis (generated post hoc by `default`): the
     # variant with the best dev-pool log-likelihood at the fitted τ there (labelled "end to
@@ -176,10 +206,10 @@ CONFIGS = {
     # - the shuffled-Q control trained for a fixed 1,500 steps (reported, informative);
     #   transfer to the NQ questions with gold passages reported, not gated.
     "confirm_recall": QAStudyConfig(
+        train=TRAIN.updated({"total_steps": 3000, "selection.patience": 4, **RECALL}),
         max_train=4800, test_source="unused_train", test_skip_articles=120, test_articles=182,
         max_test=12000, max_test_lm=4800, test_pool_size=4, objectives=("kl_retriever_to_lm",),
-        grid=((1.0, 1.0),), steps=3000, eval_every=150, patience=4, eval_temperature=0.0,
-        select_on="recall@1", control_steps=1500, primary="recall@1", loglik_margin=0.10,
+        grid=((1.0, 1.0),), control_steps=1500, primary="recall@1", loglik_margin=0.10,
         transfer_nq=True, max_generate=300, detectable_effect=0.007),
     # The third confirmatory study (issue 66), registered on 2026-12-07, after the temperature
     # study's first 7 of 15 variants and before any of its test pairs was scored.
@@ -217,65 +247,62 @@ CONFIGS = {
     #   passages (not gated).
     # - caveat: MiniLM's own training data include SQuAD (question, paragraph) pairs.
     "tau_confirm": QAStudyConfig(
+        train=TRAIN.updated({"objective.lm_score": "sum", "total_steps": 1000,
+                             "selection.every": 100, "selection.patience": 0, **RECALL}),
         max_train=4800, recall_dev=4000, test_source="unused_train", test_articles=120,
-        max_test=0, max_test_lm=4800, test_pool_size=4, lm_score="sum",
-        variant_from="experiments/results/lsr_temperature/default.json", steps=1000,
-        eval_every=100, patience=0, eval_temperature=0.0, select_on="recall@1",
-        control_steps=1000, primary="recall@1", loglik_margin=0.10, transfer_nq=True,
-        max_generate=300, detectable_effect=0.0064),
+        max_test=0, max_test_lm=4800, test_pool_size=4,
+        variant_from="experiments/results/lsr_temperature/default.json", control_steps=1000,
+        primary="recall@1", loglik_margin=0.10, transfer_nq=True, max_generate=300,
+        detectable_effect=0.0064),
     # confirm_recall's design at the paper's sizes, on an accelerator: Contriever under a 1B
     # LM, k = 20 within pools of 32, every training question of the default articles
     "confirm_recall_gpu": QAStudyConfig(
-        retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B", lm_max_context=2048,
+        train=TRAIN.updated({"retriever.name": "facebook/contriever",
+                             "lm.name": "meta-llama/Llama-3.2-1B", "lm.max_context": 2048,
+                             "k": 20, "total_steps": 3000, "batch_size": 64,
+                             "selection.patience": 4, **RECALL}),
         max_train=0, test_source="unused_train", test_skip_articles=120, test_articles=182,
-        max_test=12000, max_test_lm=4800, pool_size=32, k=20, test_pool_size=20,
-        objectives=("kl_retriever_to_lm",), grid=((1.0, 1.0),), steps=3000, batch_size=64,
-        eval_every=150, patience=4, eval_temperature=0.0, select_on="recall@1",
-        control_steps=1500, primary="recall@1", loglik_margin=0.10, transfer_nq=True,
-        max_generate=300, detectable_effect=0.007, release=""),
+        max_test=12000, max_test_lm=4800, pool_size=32, test_pool_size=20,
+        objectives=("kl_retriever_to_lm",), grid=((1.0, 1.0),), control_steps=1500,
+        primary="recall@1", loglik_margin=0.10, transfer_nq=True, max_generate=300,
+        detectable_effect=0.007, release=""),
     # CI: seconds (a few questions, two variants, a few steps, 4 enwiki articles as distractors)
-    "tiny": QAStudyConfig(distractors="enwiki:4", dev_articles=1, train_articles=0,
-                          max_train=8, max_dev=4, max_test=4, pool_size=3, k=2, recall_ks=(1, 2),
+    "tiny": QAStudyConfig(train=TINY, distractors="enwiki:4", dev_articles=1, train_articles=0,
+                          max_train=8, max_dev=4, max_test=4, pool_size=3, recall_ks=(1, 2),
                           objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),),
-                          steps=4, batch_size=2, eval_every=2, patience=2,
-                          tau_grid=(0.1, 1.0), max_generate=2, max_new_tokens=4,
-                          lm_max_context=512, bootstrap_resamples=200, release=""),
+                          max_generate=2, max_new_tokens=4, bootstrap_resamples=200,
+                          release=""),
     # CI: the confirmatory design (after `tiny --set train_articles=1`, whose work it shares)
-    "tiny_confirm": QAStudyConfig(distractors="enwiki:4", dev_articles=1, train_articles=1,
-                                  max_train=8, max_dev=4, max_test=3, pool_size=3, k=2,
-                                  recall_ks=(1, 2), test_source="unused_train", test_articles=1,
-                                  test_pool_size=2, objectives=("kl_retriever_to_lm",),
-                                  grid=((0.1, 0.1),), shuffled_control=False, steps=4,
-                                  batch_size=2, eval_every=2, patience=2, tau_grid=(0.1, 1.0),
-                                  max_generate=0, lm_max_context=512, bootstrap_resamples=200,
-                                  release="", work="tiny"),
+    "tiny_confirm": QAStudyConfig(train=TINY, distractors="enwiki:4", dev_articles=1,
+                                  train_articles=1, max_train=8, max_dev=4, max_test=3,
+                                  pool_size=3, recall_ks=(1, 2), test_source="unused_train",
+                                  test_articles=1, test_pool_size=2,
+                                  objectives=("kl_retriever_to_lm",), grid=((0.1, 0.1),),
+                                  shuffled_control=False, max_generate=0,
+                                  bootstrap_resamples=200, release="", work="tiny"),
     # CI: the design of confirm_recall (selection on dev recall@1 at the fitted τ, a fixed-
     # budget control, recall on every test question and the LM endpoint on a subset)
-    "tiny_recall": QAStudyConfig(distractors="enwiki:4", dev_articles=1, train_articles=1,
-                                 max_train=8, max_dev=4, test_source="unused_train",
-                                 test_articles=1, max_test=3, max_test_lm=2, test_pool_size=2,
-                                 pool_size=3, k=2, recall_ks=(1, 2),
-                                 objectives=("kl_retriever_to_lm",), grid=((1.0, 1.0),),
-                                 steps=4, batch_size=2, eval_every=2, patience=2,
-                                 eval_temperature=0.0, select_on="recall@1", control_steps=2,
-                                 primary="recall@1", tau_grid=(0.1, 1.0), max_generate=0,
-                                 transfer_nq=True,
-                                 lm_max_context=512, bootstrap_resamples=200, release=""),
+    "tiny_recall": QAStudyConfig(train=TINY.updated(RECALL), distractors="enwiki:4",
+                                 dev_articles=1, train_articles=1, max_train=8, max_dev=4,
+                                 test_source="unused_train", test_articles=1, max_test=3,
+                                 max_test_lm=2, test_pool_size=2, pool_size=3,
+                                 recall_ks=(1, 2), objectives=("kl_retriever_to_lm",),
+                                 grid=((1.0, 1.0),), control_steps=2, primary="recall@1",
+                                 max_generate=0, transfer_nq=True, bootstrap_resamples=200,
+                                 release=""),
     # CI: tau_confirm's design (the variant a finished temperature study's rule picks, given
     # by --set variant_from=…; the step selected on recall@1 of more dev questions than the
     # dev pool holds)
-    "tiny_tau": QAStudyConfig(distractors="enwiki:4", dev_articles=1, train_articles=1,
+    "tiny_tau": QAStudyConfig(train=TINY.updated({"objective.lm_score": "sum",
+                                                  "selection.patience": 0, **RECALL}),
+                              distractors="enwiki:4", dev_articles=1, train_articles=1,
                               max_train=8, max_dev=2, recall_dev=7, test_source="unused_train",
                               test_articles=1, max_test=3, max_test_lm=2, test_pool_size=2,
-                              pool_size=3, k=2, recall_ks=(1, 2), lm_score="sum", steps=4,
-                              batch_size=2, eval_every=2, patience=0, eval_temperature=0.0,
-                              select_on="recall@1", control_steps=2, primary="recall@1",
-                              tau_grid=(0.1, 1.0), max_generate=0, lm_max_context=512,
-                              bootstrap_resamples=200, release=""),
-    "tiny_nq": QAStudyConfig(dataset="nq", folds=2, distractors="enwiki:4", max_train=6,
-                             max_dev=2, max_test=8, pool_size=3, k=2, recall_ks=(1, 2),
+                              pool_size=3, recall_ks=(1, 2), control_steps=2, primary="recall@1",
+                              max_generate=0, bootstrap_resamples=200, release=""),
+    "tiny_nq": QAStudyConfig(train=TINY, dataset="nq", folds=2, distractors="enwiki:4",
+                             max_train=6, max_dev=2, max_test=8, pool_size=3, recall_ks=(1, 2),
                              objectives=("kl_retriever_to_lm",), grid=((0.1, 0.1),),
-                             steps=4, batch_size=2, eval_every=2, patience=2,
-                             tau_grid=(0.1, 1.0), max_generate=2, max_new_tokens=4,
-                             lm_max_context=512, bootstrap_resamples=200, release=""),
+                             max_generate=2, max_new_tokens=4, bootstrap_resamples=200,
+                             release=""),
 }

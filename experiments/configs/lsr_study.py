@@ -8,31 +8,71 @@ train / dev / test; corpus = 128-token passages of every article plus NQ passage
 docs). ``leakage="document"``: an example never retrieves a passage of its own article."""
 
 import dataclasses
+import typing
+
+from replug_jax.train.config import (
+    DataConfig,
+    LMConfig,
+    LSRConfig,
+    RetrievalConfig,
+    RetrieverConfig,
+    SelectionConfig,
+    SupervisionConfig,
+)
+from replug_jax.train.spec import ObjectiveConfig, OptimConfig
+
+# What every variant trains with: the one trainer's config (each variant takes its objective
+# from the grid and names the study's own pools); the retriever's lengths and the windows
+# are those the study encodes and cuts.
+TRAIN = LSRConfig(
+    retriever=RetrieverConfig("minilm", query_max_length=128,  # paper: Contriever
+                              doc_max_length=160),
+    lm=LMConfig("smollm2", max_context=512),  # paper: GPT-3 Curie
+    # x and y (paper 128 each): halved to halve the LM cost on 2 CPU cores; document: an
+    # example never retrieves a passage of its own article (window | document | none)
+    data=DataConfig(task="lm", context_tokens=64, continuation_tokens=64, leakage="document"),
+    # towers: "shared", one encoder for queries and documents | "query": the documents keep
+    # the base's embeddings (an index, or enwiki:N, needs it), only the query tower learns
+    supervision=SupervisionConfig(kind="pool", train_pool="<study>:train",
+                                  dev_pool="<study>:dev", towers="shared"),
+    objective=ObjectiveConfig(lm_score="mean"),
+    selection=SelectionConfig(metric="pool_loglik", patience=2, every=200,
+                              tau=1.0),  # τ of λ at evaluation (§3.2)
+    optim=OptimConfig(learning_rate=2e-5),  # §5.2
+    retrieval=RetrievalConfig(refresh_every=400),
+    k=4,  # documents retrieved within the pool (paper: 20 from the index)
+    total_steps=1200, batch_size=8, num_devices=1, keep_checkpoints=1)
 
 
 @dataclasses.dataclass(frozen=True)
 class StudyConfig:
-    retriever: str = "minilm"  # paper: Contriever
-    lm: str = "smollm2"  # paper: GPT-3 Curie
+    # the study's names before it held a training config -> their place in `train`
+    RENAMED: typing.ClassVar[dict] = {
+        "retriever": "train.retriever.name", "lm": "train.lm.name",
+        "lm_max_context": "train.lm.max_context",
+        "query_max_length": "train.retriever.query_max_length",
+        "doc_max_length": "train.retriever.doc_max_length",
+        "towers": "train.supervision.towers", "k": "train.k", "steps": "train.total_steps",
+        "batch_size": "train.batch_size", "learning_rate": "train.optim.learning_rate",
+        "refresh_every": "train.retrieval.refresh_every", "eval_every": "train.selection.every",
+        "patience": "train.selection.patience", "lm_score": "train.objective.lm_score",
+        "eval_temperature": "train.selection.tau",
+        "context_tokens": "train.data.context_tokens",
+        "continuation_tokens": "train.data.continuation_tokens",
+        "leakage": "train.data.leakage"}
+
+    train: LSRConfig = dataclasses.field(default_factory=lambda: TRAIN)
     train_data: str = "experiments/data/wikitext/train.jsonl"
     dev_data: str = "experiments/data/wikitext/dev.jsonl"
     test_data: str = "experiments/data/wikitext/test.jsonl"
     corpus: str = "experiments/data/wikitext/corpus.jsonl"
     # or a datastore built by `replug index build`, or "enwiki:N" (the first N enwiki-sample
     # articles in 100-word passages, indexed once under workdir) (corpus unused; needs
-    # towers="query": the documents keep the index's base embeddings, only the query tower
-    # learns)
+    # train.supervision.towers="query": the documents keep the index's base embeddings, only
+    # the query tower learns)
     index: str = ""
-    towers: str = "shared"  # shared: one encoder for queries and documents | query
     passage_tokens: int = 128  # §5.2: 128-token documents
-    context_tokens: int = 64  # x (paper 128): halved to halve the LM cost on 2 CPU cores
-    continuation_tokens: int = 64  # y (paper 128)
-    query_max_length: int = 128
-    doc_max_length: int = 160
-    lm_max_context: int = 512
-    leakage: str = "document"  # document | window | none
     pool_size: int = 8  # M: the base retriever's top-M per example, scored once
-    k: int = 4  # documents retrieved within the pool (paper: 20 from the index)
     max_train: int = 160  # examples per split (0 = all): a seeded sample across articles
     max_dev: int = 40
     max_test: int = 64
@@ -40,14 +80,6 @@ class StudyConfig:
     # likelihood has no β: once per γ)
     objectives: tuple = ("kl_retriever_to_lm", "marginal", "kl_lm_to_retriever")
     grid: tuple = ((0.1, 0.1), (1.0, 1.0))
-    steps: int = 1200
-    batch_size: int = 8
-    learning_rate: float = 2e-5  # §5.2
-    refresh_every: int = 400
-    eval_every: int = 200
-    patience: int = 2
-    lm_score: str = "mean"
-    eval_temperature: float = 1.0  # τ of λ at evaluation (§3.2)
     # controls: the first variant trained again on Q permuted within each pool (must not
     # help); and stop before training when the oracle ceiling shows no headroom on dev
     shuffled_control: bool = True
@@ -66,12 +98,14 @@ class StudyConfig:
 # articles) against the same 220,948 enwiki passages as table1_lm's default
 # (`python -m experiments.prepare.enwiki_lm` writes the data; the index is table1_lm's).
 _ENWIKI = StudyConfig(
+    train=TRAIN.updated({"supervision.towers": "query", "data.context_tokens": 128,
+                         "data.continuation_tokens": 128, "retriever.doc_max_length": 512,
+                         "lm.max_context": 1024, "total_steps": 600,
+                         "selection.every": 100}),
     train_data="experiments/data/enwiki_lm/train.jsonl",
     dev_data="experiments/data/enwiki_lm/dev.jsonl",
     test_data="experiments/data/enwiki_lm/test.jsonl", index="runs/enwiki_idx",
-    towers="query", context_tokens=128, continuation_tokens=128, doc_max_length=512,
-    lm_max_context=1024, max_train=320, max_dev=64, max_test=256,
-    objectives=("kl_retriever_to_lm", "marginal"), steps=600, eval_every=100, patience=2,
+    max_train=320, max_dev=64, max_test=256, objectives=("kl_retriever_to_lm", "marginal"),
     workdir="runs/lsr_study", release="checkpoints/replug-lsr-minilm-enwiki-lm")
 
 
@@ -80,8 +114,10 @@ CONFIGS = {
     # training on 2 CPU cores)
     "default": StudyConfig(),
     # the mixed temperatures too, and longer runs
-    "full": StudyConfig(grid=((0.1, 0.1), (1.0, 1.0), (0.1, 1.0), (1.0, 0.1)), steps=2000,
-                        refresh_every=500, eval_every=250, patience=3),
+    "full": StudyConfig(grid=((0.1, 0.1), (1.0, 1.0), (0.1, 1.0), (1.0, 0.1)),
+                        train=TRAIN.updated({"total_steps": 2000,
+                                             "retrieval.refresh_every": 500,
+                                             "selection.every": 250, "selection.patience": 3})),
     # the paper's §4 setting on a real datastore (see _ENWIKI)
     "enwiki": _ENWIKI,
     # the same on what 2 CPU cores allow: the first 1,000 enwiki-sample articles (26,933
@@ -103,13 +139,18 @@ CONFIGS = {
     # the enwiki study at the paper's sizes, on an accelerator: Contriever under a 1B LM,
     # every window of the 10,000 articles, k = 20 within pools of 32
     "enwiki_gpu": dataclasses.replace(
-        _ENWIKI, retriever="facebook/contriever", lm="meta-llama/Llama-3.2-1B",
-        lm_max_context=2048, max_train=0, max_dev=512, max_test=0, pool_size=32, k=20,
-        batch_size=64, steps=3000, eval_every=150, release=""),
-    "tiny": StudyConfig(max_train=6, max_dev=3, max_test=3, pool_size=3, k=2,
-                        objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),),
-                        steps=4, batch_size=2, refresh_every=2, eval_every=2,
-                        context_tokens=16, continuation_tokens=16, passage_tokens=32,
-                        query_max_length=32, doc_max_length=48, bootstrap_resamples=200,
-                        release=""),
+        _ENWIKI, train=_ENWIKI.train.updated({
+            "retriever.name": "facebook/contriever", "lm.name": "meta-llama/Llama-3.2-1B",
+            "lm.max_context": 2048, "k": 20, "batch_size": 64, "total_steps": 3000,
+            "selection.every": 150}),
+        max_train=0, max_dev=512, max_test=0, pool_size=32, release=""),
+    "tiny": StudyConfig(
+        train=TRAIN.updated({"k": 2, "total_steps": 4, "batch_size": 2,
+                             "retrieval.refresh_every": 2, "selection.every": 2,
+                             "data.context_tokens": 16, "data.continuation_tokens": 16,
+                             "retriever.query_max_length": 32,
+                             "retriever.doc_max_length": 48}),
+        max_train=6, max_dev=3, max_test=3, pool_size=3,
+        objectives=("kl_retriever_to_lm", "marginal"), grid=((0.1, 0.1),), passage_tokens=32,
+        bootstrap_resamples=200, release=""),
 }

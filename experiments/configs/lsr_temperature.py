@@ -16,23 +16,26 @@ gold answers within the dev pools (320 questions) at the τ fitted at that point
 
 import dataclasses
 
+from experiments.configs.lsr_qa import RECALL, TINY, TRAIN
+from replug_jax.train.config import LSRConfig
+
+# Every variant's training config but its objective (γ, β and the objective come from the
+# grid): lsr_qa's, with Q from the summed log-probability, a fixed budget read every 100
+# steps, and the step kept by dev recall@1 over the datastore among the steps whose dev-pool
+# log-likelihood (at the τ fitted then) is not below the base's (confirm_recall's guard).
+STUDY = {"objective.lm_score": "sum", "selection.patience": 0, **RECALL}
+
 
 @dataclasses.dataclass(frozen=True)
 class TemperatureStudyConfig:
     study: str = "confirm_recall"  # the lsr_qa config whose train and dev pools are read
     carry: str = "experiments/results/lsr_qa/confirm_recall_carry"  # its scored pairs
+    train: LSRConfig = dataclasses.field(default_factory=lambda: TRAIN.updated(
+        {**STUDY, "total_steps": 1000, "selection.every": 100}))
     gammas: tuple = ("fitted", 0.05, 0.1, 1.0, "learned")
     betas: tuple = (1.0, "fitted")
     objectives: tuple = ("kl_retriever_to_lm", "marginal")
-    lm_score: str = "sum"
     recall_dev: int = 4000  # dev questions whose recall@1 over the datastore is read
-    steps: int = 1000
-    eval_every: int = 100
-    batch_size: int = 16
-    learning_rate: float = 2e-5  # §5.2
-    # what keeps a run's step: dev recall@1 among the steps whose dev-pool log-likelihood
-    # (at the τ fitted then) is not below the base's (the guard of confirm_recall)
-    select_on: str = "recall@1"
     bootstrap_resamples: int = 2000
     workdir: str = "runs/lsr_qa"  # the lsr_qa work root (its index and pools are reused)
     seed: int = 0
@@ -44,10 +47,12 @@ CONFIGS = {
     "default": TemperatureStudyConfig(),
     # an accelerator: the same pools at confirm_recall's budget (3,000 steps), every dev
     # question's recall@1 read every 100 steps
-    "gpu": TemperatureStudyConfig(steps=3000, batch_size=64, recall_dev=0),
+    "gpu": TemperatureStudyConfig(train=TRAIN.updated(
+        {**STUDY, "total_steps": 3000, "selection.every": 100, "batch_size": 64}),
+        recall_dev=0),
     # CI: the design on lsr_qa's tiny config (a few questions, two γ, a few steps)
     "tiny": TemperatureStudyConfig(study="tiny", carry="", gammas=("fitted", "learned"),
-                                   betas=(1.0, "fitted"), recall_dev=6, steps=4,
-                                   eval_every=2, batch_size=2, bootstrap_resamples=200,
-                                   workdir="runs/lsr_qa_tiny"),
+                                   betas=(1.0, "fitted"), recall_dev=6,
+                                   train=TINY.updated(STUDY),
+                                   bootstrap_resamples=200, workdir="runs/lsr_qa_tiny"),
 }

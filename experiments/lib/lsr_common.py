@@ -13,16 +13,9 @@ import numpy as np
 
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.branches import BranchCache
-from replug_jax.train.config import (
-    LMConfig,
-    LSRConfig,
-    RetrievalConfig,
-    RetrieverConfig,
-    SelectionConfig,
-    SupervisionConfig,
-)
+from replug_jax.train.config import LSRConfig
 from replug_jax.train.pool import ScoredPool, score_pairs
-from replug_jax.train.spec import OBJECTIVES, ObjectiveConfig, OptimConfig
+from replug_jax.train.spec import OBJECTIVES, ObjectiveConfig
 from replug_jax.train.refresh import flatten_params
 
 # What every card and results page of a study trained from all-MiniLM-L6-v2 states (its model
@@ -43,11 +36,14 @@ Z_ALPHA, Z_POWER = 1.959964, 0.841621
 
 
 def variants(cfg) -> list[LSRConfig]:
-    """The study's runs as configs of the one trainer (``supervision="pool"``): every
-    objective × (γ, β) of its grid (the marginal likelihood has no β), then the shuffled-Q
-    control of the first. ``train_pool``/``dev_pool`` name the study's pools (the trainer is
-    handed the pools themselves)."""
-    out, seen = [], set()
+    """The study's runs as configs of the one trainer: its training config (``cfg.train``,
+    ``supervision="pool"``) with each objective × (γ, β) of its grid (the marginal likelihood
+    has no β, and sums), its pools named ``<workdir>:train``/``:dev`` (the trainer is handed
+    the pools themselves) and a checkpoint at every evaluation; then the shuffled-Q control of
+    the first."""
+    t, out, seen = cfg.train, [], set()
+    pools = dataclasses.replace(t.supervision, train_pool=f"{cfg.workdir}:train",
+                                dev_pool=f"{cfg.workdir}:dev")
     for gamma, beta in cfg.grid:
         for objective in cfg.objectives:
             key = (objective, gamma, None if objective == "marginal" else beta)
@@ -55,22 +51,13 @@ def variants(cfg) -> list[LSRConfig]:
                 continue
             seen.add(key)
             kind, direction = OBJECTIVES[objective]
-            out.append(LSRConfig(
-                supervision=SupervisionConfig(
-                    kind="pool", train_pool=f"{cfg.workdir}:train",
-                    dev_pool=f"{cfg.workdir}:dev", towers=getattr(cfg, "towers", "shared")),
-                retriever=RetrieverConfig(cfg.retriever), lm=LMConfig(cfg.lm),
-                objective=ObjectiveConfig(
-                    kind, direction, gamma, 1.0 if objective == "marginal" else beta,
-                    "sum" if objective == "marginal" else cfg.lm_score),  # its only score
-                selection=SelectionConfig(
-                    metric=getattr(cfg, "select_on", "pool_loglik"), patience=cfg.patience,
-                    every=cfg.eval_every, tau=cfg.eval_temperature,
-                    tau_grid=tuple(getattr(cfg, "tau_grid", SelectionConfig.tau_grid))),
-                optim=OptimConfig(learning_rate=cfg.learning_rate),
-                retrieval=RetrievalConfig(refresh_every=cfg.refresh_every), k=cfg.k,
-                total_steps=cfg.steps, batch_size=cfg.batch_size, seed=cfg.seed, num_devices=1,
-                checkpoint_every=cfg.eval_every, keep_checkpoints=1))
+            marginal = objective == "marginal"
+            out.append(dataclasses.replace(
+                t, supervision=pools, checkpoint_every=t.selection.every or t.checkpoint_every,
+                objective=dataclasses.replace(
+                    t.objective, kind=kind, direction=direction, gamma=gamma,
+                    beta=1.0 if marginal else beta,
+                    lm_score="sum" if marginal else t.objective.lm_score)))
     if cfg.shuffled_control and out:  # the first variant again, on Q permuted within pools
         fixed = getattr(cfg, "control_steps", 0)  # a fixed budget: it cannot return the base
         control = dataclasses.replace(out[0].supervision, shuffle_q=True)
@@ -79,6 +66,18 @@ def variants(cfg) -> list[LSRConfig]:
              "selection": dataclasses.replace(out[0].selection, metric="last")}
             if fixed else {})))
     return out
+
+
+def study_models(train: LSRConfig):
+    """``(lm, retriever)`` a study's training config names, the retriever cutting queries and
+    passages at the config's lengths (so that its release states what the study encoded)."""
+    from experiments.lib.common import load_lm
+    from replug_jax.retrieval.encoder import Retriever
+
+    r = train.retriever
+    return (load_lm(train.lm.name, train.lm.max_context),
+            Retriever.load(r.name, max_length=r.doc_max_length,
+                           query_max_length=r.query_max_length))
 
 
 REGISTERED_RULE = ("the finished temperature study's variant with the highest dev recall@1 at "
@@ -107,17 +106,27 @@ def registered_variant(cfg):
     name = objective_name(ObjectiveConfig(c["objective"], c["direction"], c["gamma"],
                                           c["beta"], c["lm_score"]))
     return dataclasses.replace(cfg, objectives=(name,), grid=((c["gamma"], c["beta"]),),
-                               lm_score=c["lm_score"])
+                               train=cfg.train.updated({"objective.lm_score": c["lm_score"]}))
 
 
-def trained_with(stored: dict | None, v: LSRConfig) -> bool:
+def trained_with(stored: dict | None, v: LSRConfig, models_in_config: bool = True) -> bool:
     """Whether a run saved with config ``stored`` (its JSON) was trained as ``v`` would be:
-    the same fingerprint (what changes the trajectory) and the same budget."""
+    the same fingerprint (what changes the trajectory) and the same budget.
+    ``models_in_config=False``: a run saved before a study's config held its training config,
+    whose record named the retriever and the LM but not the lengths, LM context and windows
+    the study ran them at (the trainer takes those from the models it is handed): those are
+    read as ``v``'s."""
     if not isinstance(stored, dict):
         return False
     old = run_config(stored)
     if old is None:  # a run of the retired pool trainer's config
         return False
+    if not models_in_config:
+        r = v.retriever
+        old = dataclasses.replace(
+            old, data=v.data, lm=dataclasses.replace(old.lm, max_context=v.lm.max_context),
+            retriever=dataclasses.replace(old.retriever, query_max_length=r.query_max_length,
+                                          doc_max_length=r.doc_max_length))
     return old.fingerprint() == v.fingerprint() and old.total_steps == v.total_steps
 
 

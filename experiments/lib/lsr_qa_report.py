@@ -43,9 +43,10 @@ def card(cfg, retriever, payload: dict) -> tuple[dict, str]:
     r = p["systems"][chosen]
     settings = {"similarity": retriever.similarity, "query_max_length":
                 retriever.query_max_length, "doc_max_length": retriever.max_length,
-                "trained_from": cfg.retriever, fitted_tau.SETTINGS_KEY: fitted_tau.record(
+                "trained_from": cfg.train.retriever.name,
+                fitted_tau.SETTINGS_KEY: fitted_tau.record(
                     r["tau"], {"data": "SQuAD train dev-split articles",
-                               "grid": list(cfg.tau_grid)})}
+                               "grid": list(cfg.train.selection.tau_grid)})}
     wide = p.get("recall_test")
     if wide:  # the primary endpoint: recall@1 over the whole datastore, every test question
         lead = (f"Better than its base: gold-paragraph recall@1 (higher is better) "
@@ -61,14 +62,15 @@ def card(cfg, retriever, payload: dict) -> tuple[dict, str]:
     text = "\n".join([
         "# REPLUG LSR retriever: all-MiniLM-L6-v2, query tower trained on SQuAD v1.1", "",
         lead, "", BASE_DATA, "",
-        f"Trained by REPLUG LSR from `{cfg.lm}`'s answer likelihoods ({chosen}), query tower "
-        "only; the passage encoder is the base (`passage_encoder/`), so an index built with "
-        f"`{cfg.retriever}` serves it. Inference τ = {r['tau']:g}, fitted on dev.", "",
+        f"Trained by REPLUG LSR from `{cfg.train.lm.name}`'s answer likelihoods ({chosen}), "
+        "query tower only; the passage encoder is the base (`passage_encoder/`), so an index "
+        f"built with `{cfg.train.retriever.name}` serves it. Inference τ = {r['tau']:g}, "
+        "fitted on dev.", "",
         f"On {p['questions']['test']} questions of {p['articles']['test']} SQuAD "
         + ("dev articles" if cfg.test_source == "dev" else "train articles that neither its "
            "training nor its dev questions came from")
         + " (no retriever trained on them; datastore: every SQuAD paragraph plus "
-        f"{p['datastore_passages']:,} passages in all), REPLUG k = {cfg.k}:", "",
+        f"{p['datastore_passages']:,} passages in all), REPLUG k = {cfg.train.k}:", "",
         f"- gold-answer log-likelihood per question: {r['test_loglik']:.3f}, "
         f"{format_interval(r['vs_base'], 3)} vs the base retriever (95 % CI over articles)",
         *(f"- recall@{k}: {r[f'recall@{k}']:.3f}, "
@@ -147,8 +149,9 @@ def plot_curves(payload: dict, path) -> None:
     curves = [c for r in runs.values() for c in r["curve"]]
     recall = all("dev_recall@1" in c for c in curves)
     # runs before the fitted-τ selection evaluated their curve at the config's eval_temperature
+    then = run_config(first["config"])  # None: the retired pool trainer's record
     tau = ("fitted τ" if all("tau" in c for c in curves) else
-           f"τ = {first['config'].get('eval_temperature', 1.0):g}")
+           f"τ = {then.selection.tau if then else first['config'].get('eval_temperature', 1):g}")
     panels = ([("dev_recall@1", "dev recall@1 (selects)\nover the whole datastore"),
                ("dev_loglik", f"dev-pool log-likelihood (guard)\nnats per question, {tau}")]
               if recall else
@@ -208,13 +211,14 @@ def write_report(payload, rows, cfg, args, chosen) -> None:
         f"{split}; datastore {p['datastore_passages']:,} passages; pools of "
         f"{cfg.pool_size} per question" + (f" ({cfg.test_pool_size} on test)" if
                                             cfg.test_pool_size else "")
-        + f", {p['lm_pairs_scored']:,} LM pairs scored ({rate}); k = {cfg.k}; "
-        f"towers: {cfg.towers}. LM alone (closed book): {p['lm_alone_test_loglik']:.3f} nats "
-        f"per question.\n\nBefore training (no LM cost): the oracle (the LM's own top-{cfg.k} "
-        f"of each pool) vs the base: dev {format_interval(h['dev'], 3)}, test "
+        + f", {p['lm_pairs_scored']:,} LM pairs scored ({rate}); k = {cfg.train.k}; "
+        f"towers: {cfg.train.supervision.towers}. LM alone (closed book): "
+        f"{p['lm_alone_test_loglik']:.3f} nats per question.\n\nBefore training (no LM cost): "
+        f"the oracle (the LM's own top-{cfg.train.k} of each pool) vs the base: dev "
+        f"{format_interval(h['dev'], 3)}, test "
         + (f"{format_interval(h['test'], 3)} nats per question." if h["test"] else
            "— (its pool holds only the base's top-k).")
-        + f"\n\nLSR steps (best on dev / run, batch {cfg.batch_size}; step 0 = the base "
+        + f"\n\nLSR steps (best on dev / run, batch {cfg.train.batch_size}; step 0 = the base "
         "retriever kept): " + "; ".join(f"{n} {r['best_step']}/{r['steps_run']}"
                                         for n, r in p["runs"].items()) + "."
         + (" A run whose best step is 0 returned the base itself: its difference from the base "
@@ -249,6 +253,7 @@ def main(argv=None):
 
     from experiments.lib.common import RESULTS
     from experiments.configs.lsr_qa import QAStudyConfig
+    from replug_jax import config
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--config", default="default", help="the run's config name (its JSON)")
@@ -260,8 +265,7 @@ def main(argv=None):
         raise SystemExit(f"{path}: no results; run `python -m experiments.lsr_qa --config "
                          f"{args.config}` first")
     payload = json.loads(path.read_text())
-    cfg = QAStudyConfig(**{k: tuple(v) if isinstance(v, list) else v
-                           for k, v in payload["config"].items()})
+    cfg = config.from_record(QAStudyConfig, payload["config"])  # earlier results: flat
     write_report(payload, payload["systems"], cfg, args, payload["chosen"])
 
 

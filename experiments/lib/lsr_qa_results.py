@@ -126,7 +126,7 @@ def across_folds(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
     dev_art = [q.article for f in folds for q in f["questions"]["dev"]]
     headroom = {"dev": compare(cat("oracle", "dev"), cat("base_ll", "dev"), dev_art, cfg),
                 "test": compare(cat("oracle", "test"), cat("base_ll", "test"), art, cfg)
-                if all(f["test_pool_size"] > cfg.k for f in folds) else None}  # else: no room
+                if all(f["test_pool_size"] > cfg.train.k for f in folds) else None}  # else: no room
     runs = {(n if len(folds) == 1 else f"fold {i}: {n}"): r
             for i, f in enumerate(folds) for n, r in f["runs"].items()}
     alone = np.concatenate([f["alone"] for f in folds])

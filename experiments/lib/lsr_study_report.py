@@ -31,7 +31,7 @@ def setting(cfg) -> tuple[str, str]:
         store += ", embedded once by the base retriever (only the query tower learns)"
     else:
         store = f"`{cfg.corpus}` in {cfg.passage_tokens}-token passages, re-embedded"
-    windows = (f"(x, y = {cfg.context_tokens} tokens) of `{cfg.train_data}`, "
+    windows = (f"(x, y = {cfg.train.data.context_tokens} tokens) of `{cfg.train_data}`, "
                f"`{cfg.dev_data}` and `{cfg.test_data}` (disjoint articles)")
     return windows, store
 
@@ -41,8 +41,8 @@ def notes(cfg, payload: dict, passages: int, reused: bool) -> str:
     ex, e2e, chosen = payload["examples"], payload["end_to_end"], payload["chosen"]
     windows, store = setting(cfg)
     return (
-        f"Within-pool REPLUG bits per byte (top-{cfg.k} of each example's base top-"
-        f"{cfg.pool_size}, τ = {cfg.eval_temperature}), {ex['train']} train / "
+        f"Within-pool REPLUG bits per byte (top-{cfg.train.k} of each example's base top-"
+        f"{cfg.pool_size}, τ = {cfg.train.selection.tau}), {ex['train']} train / "
         f"{ex['dev']} dev / {ex['test']} test windows {windows}; the "
         f"datastore, {store}, never yields the evaluated article."
         + (f" The trained runs are `{cfg.work}`'s, reused (their within-pool test values "
@@ -56,7 +56,7 @@ def notes(cfg, payload: dict, passages: int, reused: bool) -> str:
         f"({', '.join(f'{r:.2f}' for r in payload['pairs_per_second'])} pairs/s; the "
         f"end-to-end test took {payload['end_to_end_pairs_reused']} of its pairs from the "
         f"test pool).\n\n"
-        f"**End to end** (the chosen variant, {chosen}, by dev; top-{cfg.k} from the whole "
+        f"**End to end** (the chosen variant, {chosen}, by dev; top-{cfg.train.k} from the whole "
         f"datastore, {passages:,} passages): LM alone {e2e['lm_alone_bpb']:.4f}, "
         f"REPLUG with the base retriever {e2e['base_bpb']:.4f} "
         f"({format_interval(e2e['base_vs_lm_alone'], 4)} vs LM alone), REPLUG LSR "
@@ -102,33 +102,34 @@ def card(cfg, payload: dict, passages: int, similarity: str) -> tuple[dict, str]
     a model card that leads with its end-to-end result and states how it was trained and
     tested (``payload``: the study's results, as in its JSON)."""
     chosen = payload["chosen"]
-    settings = {"similarity": similarity, "query_max_length": cfg.query_max_length,
-                "doc_max_length": cfg.doc_max_length, "trained_from": cfg.retriever}
+    r = cfg.train.retriever
+    settings = {"similarity": similarity, "query_max_length": r.query_max_length,
+                "doc_max_length": r.doc_max_length, "trained_from": r.name}
     e2e, row, n = payload["end_to_end"], payload["variants"][chosen], payload["examples"]
     windows, store = setting(cfg)
     d = e2e["lsr_vs_base"]
     text = "\n".join([
-        f"# REPLUG LSR retriever: `{cfg.retriever}` trained from `{cfg.lm}` (language "
-        "modelling)", "",
+        f"# REPLUG LSR retriever: `{r.name}` trained from `{cfg.train.lm.name}` "
+        "(language modelling)", "",
         f"Better than its base on held-out test articles: {format_interval(d, 4)} bits per "
-        f"byte (REPLUG, top-{cfg.k} from the whole datastore of {passages:,} passages, paired "
-        f"95 % interval over {d.get('clusters', '?')} articles; the smallest effect this test "
-        f"detects at 80 % power is {e2e['min_detectable_bpb']:.4f}).", "",
+        f"byte (REPLUG, top-{cfg.train.k} from the whole datastore of {passages:,} passages, "
+        f"paired 95 % interval over {d.get('clusters', '?')} articles; the smallest effect this "
+        f"test detects at 80 % power is {e2e['min_detectable_bpb']:.4f}).", "",
         f"- test, {n['test']} windows: LM alone {e2e['lm_alone_bpb']:.4f}, REPLUG with the base "
         f"retriever {e2e['base_bpb']:.4f}, with this one {e2e['lsr_bpb']:.4f} bits per byte",
         f"- trained by REPLUG LSR ({chosen}; best dev step {row['best_step']} of "
-        f"{row['steps_run']} run, batch {cfg.batch_size}, Adam {cfg.learning_rate:g}) on "
-        f"{n['train']} train windows, selected among the objectives and temperatures on "
-        f"{n['dev']} dev windows; windows {windows}",
-        f"- retrieval during training: the top-{cfg.k} of each window's base top-"
+        f"{row['steps_run']} run, batch {cfg.train.batch_size}, Adam "
+        f"{cfg.train.optim.learning_rate:g}) on {n['train']} train windows, selected among the "
+        f"objectives and temperatures on {n['dev']} dev windows; windows {windows}",
+        f"- retrieval during training: the top-{cfg.train.k} of each window's base top-"
         f"{cfg.pool_size}, scored once by the LM; datastore: {store}",
         "- made by `python -m experiments.lsr_study`; every number, with each window's "
         "log-likelihood, is in `experiments/results/lsr_study/`", "",
-        BASE_DATA_LM if "minilm" in cfg.retriever.lower() else
-        f"The base's own training data: see `{cfg.retriever}`'s model card.", ""])
-    if cfg.towers == "query":  # the trained query encoder beside the base passage encoder
+        BASE_DATA_LM if "minilm" in r.name.lower() else
+        f"The base's own training data: see `{r.name}`'s model card.", ""])
+    if cfg.train.supervision.towers == "query":  # the trained query tower, the base passages
         text += ("\nQuery tower only: the passage encoder is the base (`passage_encoder/`), "
-                 f"so an index built with `{cfg.retriever}` serves it. Load both with "
+                 f"so an index built with `{cfg.train.retriever.name}` serves it. Load both with "
                  "`Retriever.load(<this folder>)`, or the query encoder with "
                  "`SentenceTransformer(<this folder>)` and the passage encoder with "
                  "`SentenceTransformer(<this folder>/passage_encoder)`.\n")

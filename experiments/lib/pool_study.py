@@ -89,8 +89,9 @@ def train_variants(task, fold: Fold, on_run=None, only_finished: bool = False) -
     for v in variants(task.cfg):
         name = label(v)
         out = fold.run_dir / f"{slug(name)}.json"
-        if out.exists() and trained_with(json.loads(out.read_text()).get("config"), v):
-            runs[name] = json.loads(out.read_text())
+        row = json.loads(out.read_text()) if out.exists() else {}
+        if trained_with(row.get("config"), v, row.get("models_in_config", False)):
+            runs[name] = row
             continue
         if only_finished:
             continue
@@ -107,7 +108,8 @@ def train_variants(task, fold: Fold, on_run=None, only_finished: bool = False) -
             fit = trainer.run()
             _, params = trainer.best_params()
         save_params(params, out.with_suffix(".npz"), {"variant": name})
-        row = {"config": v.to_json(), "temperatures": fit["temperatures"],
+        row = {"config": v.to_json(), "models_in_config": True,
+               "temperatures": fit["temperatures"],
                "best_step": fit["best_step"], "steps_run": fit["step"], "curve": fit["curve"],
                "seconds": round(sw.seconds, 1), **task.measure(fold, params)}
         write_json_atomic(row, out)

@@ -327,13 +327,7 @@ class LSRConfig:
     def from_record(cls, record: dict) -> "LSRConfig":
         """A stored run's config (its ``config.json``'s ``"config"``): the tree, or the flat
         form of runs written before the pieces (read here only, as it was written)."""
-        if any(key in cls.RENAMED and not isinstance(value, dict)
-               for key, value in record.items()):
-            tree: dict = {}
-            for key, value in record.items():
-                tree[cls.RENAMED.get(key, key)] = value
-            record = tree
-        return config.build(cls, record)
+        return config.from_record(cls, record)
 
     def flat(self) -> dict:
         """This config in the flat form of earlier releases (what :meth:`fingerprint`

@@ -149,6 +149,14 @@ class LSRTrainer(OnlineSupervision):
         if retriever.similarity != cfg.retriever.similarity:
             raise ValueError(f"the retriever uses {retriever.similarity!r} similarity but the "
                              f"config says {cfg.retriever.similarity!r}")
+        lengths = (retriever.query_max_length, retriever.max_length)
+        if pools is not None and lengths != (cfg.retriever.query_max_length,
+                                             cfg.retriever.doc_max_length):
+            # pools are encoded at the retriever's lengths; the export states the config's
+            raise ValueError(f"the retriever cuts queries at {lengths[0]} and passages at "
+                             f"{lengths[1]} tokens but the config says retriever."
+                             f"query_max_length={cfg.retriever.query_max_length}, "
+                             f"doc_max_length={cfg.retriever.doc_max_length}: make them agree")
         self.graphdef, self.template, params = split_params(retriever.model.encoder)
         self.pool = None if pools is None else PoolSource(
             cfg, retriever, pools[0], self.train, pools[1], self.dev, self.by_id,

@@ -640,16 +640,17 @@ def test_lsr_study_on_a_built_index_trains_the_query_tower_only(data, tmp_path):
     wiki = tmp_path / "wikitext"
     prepare_wikitext.main(["--out", str(wiki), "--dev", "1", "--test", "1", "--no-python-docs"])
     cfg = lsr_study.CONFIGS["tiny"]
-    retriever = Retriever.load(cfg.retriever, max_length=cfg.doc_max_length,
-                               query_max_length=cfg.query_max_length)
+    r = cfg.train.retriever
+    retriever = Retriever.load(r.name, max_length=r.doc_max_length,
+                               query_max_length=r.query_max_length)
     passages = chunk_documents(read_documents(wiki / "corpus.jsonl"), size=cfg.passage_tokens,
                                unit="tokens", tokenizer=load_tokenizer("smollm2"))
     build_index(passages, retriever, tmp_path / "index", progress=False)
     out = tmp_path / "out"
     argv = ["--config", "tiny", "--out", str(out), "--no-progress", "--set",
             f"train_data={wiki}/train.jsonl", f"dev_data={wiki}/dev.jsonl",
-            f"test_data={wiki}/test.jsonl", f"index={tmp_path / 'index'}", "towers=query",
-            f"workdir={tmp_path}/work"]
+            f"test_data={wiki}/test.jsonl", f"index={tmp_path / 'index'}",
+            "train.supervision.towers=query", f"workdir={tmp_path}/work"]
     with pytest.raises(ValueError, match="towers=query"):
         lsr_study.main(argv[:-2] + [f"workdir={tmp_path}/work"])
     lsr_study.main(argv)
@@ -673,7 +674,7 @@ def test_lsr_study_on_the_first_enwiki_articles_indexes_them_once(data, tmp_path
     out, work = tmp_path / "out", tmp_path / "work"
     argv = ["--config", "tiny", "--out", str(out), "--no-progress", "--set",
             f"train_data={wiki}/train.jsonl", f"dev_data={wiki}/dev.jsonl",
-            f"test_data={wiki}/test.jsonl", "index=enwiki:2", "towers=query",
+            f"test_data={wiki}/test.jsonl", "index=enwiki:2", "train.supervision.towers=query",
             f"workdir={work}"]
     lsr_study.main(argv)
     made = (work / "index_enwiki2" / "manifest.json").stat().st_mtime_ns

@@ -28,7 +28,7 @@ def test_the_registered_rule_picks_the_best_dev_recall_then_loglik_then_order(tm
             _row("kl", "retriever_to_lm", "learned", "fitted", 0.552, -15.33)]  # later
     cfg = registered_variant(_study(tmp_path, rows, "4 of 4 variants"))
     assert cfg.objectives == ("kl_retriever_to_lm",)
-    assert cfg.grid == ((0.05, 1.0),) and cfg.lm_score == "sum"
+    assert cfg.grid == ((0.05, 1.0),) and cfg.train.objective.lm_score == "sum"
     runs = [v for v in variants(cfg) if not v.supervision.shuffle_q]
     assert [label(v) for v in runs] == ["kl_retriever_to_lm/γ=0.05/β=1/Q=sum"]
     # the shuffled-Q control is the same variant, trained a fixed budget
@@ -58,13 +58,39 @@ def test_the_registered_config_selects_as_its_temperature_study_trained():
     from experiments.configs.lsr_temperature import CONFIGS as TEMPERATURE
 
     reg, study = CONFIGS["tau_confirm"], TEMPERATURE["default"]
-    assert (reg.steps, reg.eval_every, reg.batch_size, reg.learning_rate, reg.recall_dev,
-            reg.select_on, reg.lm_score, reg.seed) == (
-        study.steps, study.eval_every, study.batch_size, study.learning_rate,
-        study.recall_dev, study.select_on, study.lm_score, study.seed)
-    assert reg.patience == 0 and reg.eval_temperature == 0.0
+    assert reg.train == study.train  # one training config: budget, cadence, selection, Q
+    assert (reg.recall_dev, reg.seed) == (study.recall_dev, study.seed)
+    assert reg.train.selection.patience == 0 and reg.train.selection.tau == 0.0
     assert (reg.test_source, reg.test_articles, reg.test_skip_articles) == (
         "unused_train", 120, 0)  # `confirm`'s draw, never run
     base = CONFIGS[study.study]
     assert (reg.max_train, reg.max_dev, reg.dev_articles, reg.train_articles) == (
         base.max_train, base.max_dev, base.dev_articles, base.train_articles)
+
+
+def test_a_study_config_holds_its_training_config_in_one_vocabulary():
+    """A study's training settings live in its ``train`` piece, addressed as the trainer's
+    (``--set train.total_steps=…``); a study's old flat name is refused naming the new key;
+    a results file written with the flat names still reads, into the same tree; a piece whose
+    default is a template keeps the template's other settings when a JSON tree changes one."""
+    from experiments.configs.lsr_qa import QAStudyConfig
+    from replug_jax import config
+
+    tiny = CONFIGS["tiny"]
+    cfg = config.apply_overrides(tiny, ["train.total_steps=7", "train.objective.gamma=0.5"])
+    assert (cfg.train.total_steps, cfg.train.objective.gamma, cfg.train.k) == (7, 0.5, 2)
+    assert all(v.total_steps == 7 and v.k == 2 for v in variants(cfg))
+    with pytest.raises(config.ConfigError, match="'steps' is now 'train.total_steps'"):
+        config.apply_overrides(tiny, ["steps=7"])
+    old = {"k": 2, "steps": 4, "eval_every": 2, "select_on": "recall@1", "lm_score": "sum",
+           "tau_grid": [0.1, 1.0], "retriever": "minilm", "lm_max_context": 512,
+           "grid": [[0.1, 0.1]], "max_train": 8}
+    read = config.from_record(QAStudyConfig, old)
+    assert read.train.selection == dataclasses.replace(
+        read.train.selection, metric="recall@1", every=2, tau_grid=(0.1, 1.0))
+    assert (read.train.k, read.train.total_steps, read.train.lm.max_context,
+            read.train.objective.lm_score, read.grid) == (2, 4, 512, "sum", ((0.1, 0.1),))
+    assert read.train.retriever.doc_max_length == 512  # the template's, kept
+    built = config.build(QAStudyConfig, {"train": {"k": 3}})
+    assert built.train == QAStudyConfig().train.updated({"k": 3})
+    assert config.from_record(QAStudyConfig, dataclasses.asdict(cfg)) == cfg  # new records

@@ -21,7 +21,7 @@ def query_run(tmp_path):
     from replug_jax.retrieval.encoder import Retriever
 
     folder = save_tiny_bert(tmp_path / "bert")
-    base = Retriever.load(str(folder), max_length=32)
+    base = Retriever.load(str(folder), max_length=32, query_max_length=16)
     trainer = pool_trainer((tiny_lm(0), base), tmp_path, towers="query", **{
         "retriever.name": str(folder), "selection.metric": "pool_loglik",
         "selection.patience": 0,

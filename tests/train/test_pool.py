@@ -126,6 +126,17 @@ def test_training_on_the_pool_moves_the_retriever_and_keeps_the_best_dev(tiny, t
     json.dumps(curve)  # plain numbers, ready for the results JSON
 
 
+def test_a_pool_run_refuses_a_config_that_misstates_the_retrievers_lengths(tiny, tmp_path):
+    """Pools are encoded at the lengths of the retriever handed in, and the export writes the
+    config's into the release's ``replug.json``: a config that says otherwise is refused
+    before training, naming both."""
+    from tests._pools import pool_trainer
+
+    with pytest.raises(ValueError, match=r"passages at 64 tokens but the config says "
+                                         r"retriever.query_max_length=64, doc_max_length=32"):
+        pool_trainer(tiny, tmp_path, **{"retriever.doc_max_length": 32})
+
+
 def test_pool_key_has_the_separator_and_part_size_and_survives_json(tiny, tmp_path):
     """Issue 37, items 8, 13, 14: another separator or part size is another pool (before: the
     old scores came back with 0 LM calls, or a shape error); provenance with tuples resumes;
@@ -287,3 +298,10 @@ def test_a_saved_run_is_reused_when_trained_alike_whatever_json_made_of_it():
     assert not trained_with({**stored, "objective": {**stored["objective"], "gamma": 0.1}}, v)
     assert not trained_with({"objective": "kl_retriever_to_lm", "steps": 3}, v)
     assert not trained_with(None, v)
+    # a run saved before the study's config named the lengths and windows it ran at: its
+    # record's defaults are read as the study's; a run that names them must match
+    ran = v.updated({"retriever.doc_max_length": 512, "lm.max_context": 512,
+                     "data.context_tokens": 64})
+    assert trained_with(stored, ran, models_in_config=False)
+    assert not trained_with(stored, ran)
+    assert not trained_with(stored, ran.updated({"k": 3}), models_in_config=False)

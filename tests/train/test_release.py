@@ -90,7 +90,7 @@ def _trained_query_run(tmp_path):
     from tests._pools import pool_trainer
 
     folder = save_tiny_bert(tmp_path / "bert")
-    base = Retriever.load(str(folder), max_length=32)
+    base = Retriever.load(str(folder), max_length=32, query_max_length=16)
     trainer = pool_trainer((tiny_lm(0), base), tmp_path, towers="query", **{
         "retriever.name": str(folder), "retriever.query_max_length": 16,
         "retriever.doc_max_length": 32, "optim.learning_rate": 3e-3})
@@ -167,8 +167,9 @@ def test_the_lm_study_writes_a_query_tower_release_as_two_towers(tmp_path):
     from replug_jax.retrieval.encoder import Retriever
 
     run, base, kept = _trained_query_run(tmp_path)
-    cfg = dataclasses.replace(lsr_study.CONFIGS["tiny"], towers="query",
-                              release=str(tmp_path / "rel"))
+    tiny = lsr_study.CONFIGS["tiny"]
+    cfg = dataclasses.replace(tiny, release=str(tmp_path / "rel"), train=tiny.train.updated(
+        {"supervision.towers": "query"}))
     payload = {"chosen": "chosen",
                "end_to_end": {"lsr_vs_base": {"difference": -0.02, "low": -0.03,
                                               "high": -0.01, "clusters": 5},
