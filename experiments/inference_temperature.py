@@ -2,7 +2,7 @@
 one LM pass per retriever serves the whole sweep.
 
 Every (example, document) branch is scored once at the top-k of the retriever and its per-token
-log-probabilities cached (``BranchCache``, resumable per split); the mixture is then evaluated
+log-probabilities cached (``ScoredBranches``, resumable per split); the mixture is then evaluated
 for each τ, for uniform weights and for the top-1 document alone, and τ is fitted by a bounded
 1-D search maximising the log-likelihood of the fit split. Every difference is reported with a
 paired bootstrap 95 % interval over questions or windows. The fitted τ of the retriever named
@@ -33,7 +33,7 @@ from experiments.configs.inference_temperature import CONFIGS
 from replug_jax.core.ensemble import bits_per_byte
 from replug_jax.eval.perplexity import WindowSettings, leakage_exclusions, sliding_windows
 from replug_jax.eval.stats import bpb_difference, format_interval, paired_bootstrap
-from replug_jax.branches import BranchCache, mixture_logliks
+from replug_jax.branches import ScoredBranches, mixture_logliks
 from replug_jax.eval.temperature import cross_fit_logliks, fit_temperature
 from replug_jax.fileio import atomic_path, read_jsonl, write_text_atomic
 from replug_jax.lm.score_store import ScoreStore, StoredLM, scorer_identity
@@ -134,7 +134,7 @@ def score_split(pipe: Replug | None, data: dict, path: pathlib.Path, mode: str,
     from tqdm.auto import tqdm
 
     if cached(path, key):
-        return BranchCache.load(path) if mode == "replug" else np.load(path)
+        return ScoredBranches.load(path) if mode == "replug" else np.load(path)
     if path.exists():
         print(f"{path}: cached with other settings (k, examples, LM, retriever or corpus); "
               "scoring again")
@@ -147,7 +147,7 @@ def score_split(pipe: Replug | None, data: dict, path: pathlib.Path, mode: str,
                               data["exclude"][sl], reliance=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode == "replug":
-        out = BranchCache.from_results(results, data["ids"])
+        out = ScoredBranches.from_results(results, data["ids"])
         out.save(path)
     else:
         out = np.array([r.loglik for r in results], np.float64)
@@ -173,7 +173,7 @@ def difference(cfg, a, b, num_bytes) -> dict:
 
 def score_all(cfg, retrievers, work: pathlib.Path, progress: bool) -> dict:
     """One LM pass per retriever and split, cached on disk: the splits, the LM alone's
-    log-likelihoods, each retriever's branch caches and, where the gold passage is known, its
+    log-likelihoods, each retriever's scored branches and, where the gold passage is known, its
     hits at ranks 1 and 5. The LM's scores go to ``work/lm_scores/`` as they are made
     (:class:`~replug_jax.lm.score_store.StoredLM`): a split interrupted before its cache is
     written resumes from them."""
@@ -285,7 +285,7 @@ def notes(cfg, payload: dict, work, base_label: str) -> str:
     fits, recalls = payload["fits"], payload["recall"]
     unit = "questions" if cfg.dataset == "nq" else "windows"
     return (f"{payload['examples']} {'questions' if cfg.dataset == 'nq' else 'test windows'}, "
-            f"k = {cfg.k}; one LM pass per retriever (branch caches in `{work}`). "
+            f"k = {cfg.k}; one LM pass per retriever (its scored branches kept in `{work}`). "
             f"Fitted τ (bounds {BOUNDS}): " + "; ".join(
                 f"{label} {f['temperature']:.3g}" + (" (at a bound)" if f["at_bound"] else "")
                 for label, f in fits.items()) + f". Intervals: paired bootstrap over {unit}, "

@@ -2,7 +2,7 @@
 target, scored by the LM once, and the ensemble's log-likelihood under any weighting read back
 from them without the LM (paper §3.2: the mixture is per token, with fixed weights).
 
-:class:`BranchCache` holds ``[N, K, T]`` branch log-probs with the retrieval scores and masks;
+:class:`ScoredBranches` holds ``[N, K, T]`` branch log-probs with the retrieval scores and masks;
 the retrieval-temperature studies (:mod:`replug_jax.eval.temperature`) and the candidate pools
 of LSR training (:mod:`replug_jax.train.pool`) both read it. Weightings: a retrieval
 temperature τ (``λ = softmax(s / τ)``), ``"uniform"`` (λ = 1/K) or ``"top1"`` (all weight on
@@ -27,7 +27,7 @@ SCHEMES = ("uniform", "top1")
 
 
 @dataclasses.dataclass(frozen=True)
-class BranchCache:
+class ScoredBranches:
     """Scored branches of N examples, padded to K documents and T target tokens.
 
     ``logprobs_NKT`` per-token log-probs of the target in each branch (0 in padding),
@@ -46,18 +46,18 @@ class BranchCache:
         for name, shape in (("scores_NK", (n, k)), ("doc_mask_NK", (n, k)),
                             ("token_mask_NT", (n, t)), ("bytes_N", (n,))):
             if getattr(self, name).shape != shape:
-                raise ValueError(f"BranchCache: {name} has shape {getattr(self, name).shape}, "
+                raise ValueError(f"ScoredBranches: {name} has shape {getattr(self, name).shape}, "
                                  f"expected {shape}")
         if len(self.ids) != n:
-            raise ValueError(f"BranchCache: {len(self.ids)} ids for {n} examples")
+            raise ValueError(f"ScoredBranches: {len(self.ids)} ids for {n} examples")
         if n and not self.doc_mask_NK.any(axis=1).all():
-            raise ValueError("BranchCache: an example has no scored document")
+            raise ValueError("ScoredBranches: an example has no scored document")
 
     def __len__(self) -> int:
         return len(self.ids)
 
     @classmethod
-    def from_results(cls, results: Sequence, ids: Sequence[str] | None = None) -> "BranchCache":
+    def from_results(cls, results: Sequence, ids: Sequence[str] | None = None) -> "ScoredBranches":
         """From :class:`~replug_jax.replug.ScoreResult` objects of mode ``"replug"`` (each holds
         ``branch_logprobs [K', T]`` and ``doc_scores [K']``)."""
         if not results:
@@ -90,14 +90,14 @@ class BranchCache:
                          bytes_N=self.bytes_N, ids=np.array(self.ids, dtype=str))
 
     @classmethod
-    def load(cls, path: str | pathlib.Path) -> "BranchCache":
+    def load(cls, path: str | pathlib.Path) -> "ScoredBranches":
         try:
             with np.load(path, allow_pickle=False) as z:
                 return cls(z["logprobs_NKT"], z["scores_NK"], z["doc_mask_NK"],
                            z["token_mask_NT"], z["bytes_N"], tuple(z["ids"].tolist()))
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as err:
-            raise ValueError(f"{path}: not a readable branch cache ({err}); delete it to "
-                             "rescore") from err
+            raise ValueError(f"{path}: not a readable file of scored branches ({err}); delete "
+                             "it to rescore") from err
 
 
 def scheme_log_weights(scores_NK, doc_mask_NK, scheme: float | str):
@@ -122,7 +122,7 @@ def _logliks(logprobs_NKT, token_mask_NT, log_weights_NK):
     return sequence_logprob(mix_NT, token_mask_NT)
 
 
-def mixture_logliks(cache: BranchCache, scheme: float | str) -> np.ndarray:
+def mixture_logliks(cache: ScoredBranches, scheme: float | str) -> np.ndarray:
     """``[N]`` REPLUG log-likelihoods ``Σ_t log Σ_k λ_k p(y_t | d_k ∘ x, y_<t)`` of the cached
     targets under the weighting ``scheme`` (a temperature, "uniform" or "top1")."""
     log_w = scheme_log_weights(cache.scores_NK, cache.doc_mask_NK, scheme)
@@ -130,8 +130,8 @@ def mixture_logliks(cache: BranchCache, scheme: float | str) -> np.ndarray:
 
 
 
-def subset(cache: BranchCache, rows) -> BranchCache:
+def subset(cache: ScoredBranches, rows) -> ScoredBranches:
     rows = np.asarray(rows)
-    return BranchCache(cache.logprobs_NKT[rows], cache.scores_NK[rows], cache.doc_mask_NK[rows],
+    return ScoredBranches(cache.logprobs_NKT[rows], cache.scores_NK[rows], cache.doc_mask_NK[rows],
                        cache.token_mask_NT[rows], cache.bytes_N[rows],
                        tuple(cache.ids[i] for i in rows))

@@ -12,7 +12,7 @@ import pathlib
 import numpy as np
 
 from replug_jax.fileio import atomic_path, write_json_atomic
-from replug_jax.branches import BranchCache
+from replug_jax.branches import ScoredBranches
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.pool import ScoredPool, score_pairs
 from replug_jax.train.spec import OBJECTIVES, ObjectiveConfig
@@ -203,7 +203,7 @@ def pool_reusing(known: ScoredPool, examples, candidates_EK: np.ndarray, scores_
             lp_EKT[i, j, :len(row)] = row
     c = known.branches
     mask_ET = np.pad(c.token_mask_NT, ((0, 0), (0, t - c.token_mask_NT.shape[1])))
-    branches = BranchCache(lp_EKT, np.asarray(scores_EK, np.float32), candidates_EK >= 0,
+    branches = ScoredBranches(lp_EKT, np.asarray(scores_EK, np.float32), candidates_EK >= 0,
                            mask_ET, c.bytes_N, c.ids)
     reused = int((candidates_EK >= 0).sum()) - sum(len(m) for m in missing)
     return ScoredPool(branches, candidates_EK,

@@ -300,10 +300,10 @@ __all__ = ["EVAL_MODES", "EvalSettings", "comparisons", "evaluate_file", "qa_row
 def branch_cache(data: EvalData, pipe, settings: EvalSettings, progress: bool = True):
     """Every example's branches scored once in mode ``replug`` (the gold answer of a question
     in the prompt ``replug eval`` uses, or every window of a text), as a
-    :class:`~replug_jax.branches.BranchCache`: any τ is then evaluated without the LM."""
+    :class:`~replug_jax.branches.ScoredBranches`: any τ is then evaluated without the LM."""
     from tqdm.auto import tqdm
 
-    from replug_jax.branches import BranchCache
+    from replug_jax.branches import ScoredBranches
 
     if data.kind == "qa":
         ev = QAEvaluator([it.question for it in data.items],
@@ -328,7 +328,7 @@ def branch_cache(data: EvalData, pipe, settings: EvalSettings, progress: bool = 
                               [c[2] for c in chunk], mode="replug", reliance=False,
                               exclude_ids=None if data.kind == "qa" else excluded,
                               prefixes=prefixes if any(prefixes) else None)
-    return BranchCache.from_results(results, [str(i) for i in range(len(items))])
+    return ScoredBranches.from_results(results, [str(i) for i in range(len(items))])
 
 
 def fit_temperature_on_file(data: EvalData, pipe, settings: EvalSettings,

@@ -3,7 +3,7 @@ as a research axis: every (example, document) branch is scored by the LM once, i
 log-probabilities cached, and the ensemble for any weighting evaluated from the cache.
 
 The mixture is per token (Eq. §3.2 applied to every target token with fixed weights), so the
-cache (:class:`~replug_jax.branches.BranchCache`) holds ``[N, K, T]`` branch log-probs, not
+cache (:class:`~replug_jax.branches.ScoredBranches`) holds ``[N, K, T]`` branch log-probs, not
 per-branch totals. :func:`fit_tau` is the one τ fitter (a grid, or a bounded 1-D search over
 log τ) of any log-likelihood of τ: a file's (:func:`fit_temperature`), a pool's
 (``train/pool.py``), a study's windows; weights other than a temperature: ``"uniform"``
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from replug_jax.branches import SCHEMES, BranchCache, mixture_logliks, subset  # noqa: F401
+from replug_jax.branches import SCHEMES, ScoredBranches, mixture_logliks, subset  # noqa: F401
 
 
 def fit_tau(loglik_at: Callable[[float], float], *, grid: Sequence[float] | None = None,
@@ -57,14 +57,14 @@ def fit_tau(loglik_at: Callable[[float], float], *, grid: Sequence[float] | None
     return {"temperature": tau, "loglik": best, "bounds": list(bounds), "at_bound": at_bound}
 
 
-def fit_temperature(cache: BranchCache, bounds: tuple[float, float] = (1e-3, 10.0),
+def fit_temperature(cache: ScoredBranches, bounds: tuple[float, float] = (1e-3, 10.0),
                     tol: float = 1e-4) -> dict:
     """:func:`fit_tau` of a file's cached branches: the τ maximising their total
     log-likelihood (the mixture of §3.2, per token)."""
     return fit_tau(lambda tau: float(mixture_logliks(cache, tau).sum()), bounds=bounds, tol=tol)
 
 
-def cross_fit_logliks(cache: BranchCache, folds: int = 2, seed: int = 0,
+def cross_fit_logliks(cache: ScoredBranches, folds: int = 2, seed: int = 0,
                       bounds: tuple[float, float] = (1e-3, 10.0)) -> tuple[np.ndarray, list]:
     """``[N]`` log-likelihoods where each example is scored at the τ fitted on the *other*
     folds (an honest estimate of a fitted τ on unseen examples), and the per-fold τ."""

@@ -17,7 +17,7 @@ call:
   and early stopping use it;
 * every objective and temperature is compared on the same supervision.
 
-The pool itself is a :class:`~replug_jax.branches.BranchCache` (``[E, M, T]`` token
+The pool itself is a :class:`~replug_jax.branches.ScoredBranches` (``[E, M, T]`` token
 log-probs, the base retriever's scores) plus the candidates' passage ids and a provenance
 record (LM, prompt settings, lengths, corpus checksum, base retriever).
 """
@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replug_jax.branches import BranchCache, mixture_logliks
+from replug_jax.branches import ScoredBranches, mixture_logliks
 from replug_jax.eval.temperature import fit_tau
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.retrieval import corpus_text
@@ -45,7 +45,7 @@ POOL_VERSION = 1
 class ScoredPool:
     """Each example's ``M`` candidates and the frozen LM's per-token scores of them."""
 
-    branches: BranchCache  # logprobs_NKT [E, M, T]; scores_NK: the base retriever's
+    branches: ScoredBranches  # logprobs_NKT [E, M, T]; scores_NK: the base retriever's
     doc_ids_EM: np.ndarray  # int64 passage ids of the candidates (-1: fewer than M)
     provenance: dict
 
@@ -90,7 +90,7 @@ class ScoredPool:
             if provenance.get(key) != value:
                 raise ValueError(f"{d}: a pool made with {key}={provenance.get(key)!r}, not "
                                  f"{value!r}; use another folder or rebuild it")
-        branches = BranchCache.load(d / "branches.npz")
+        branches = ScoredBranches.load(d / "branches.npz")
         try:
             doc_ids = np.load(d / "candidates.npy", allow_pickle=False)
         except (OSError, ValueError, EOFError) as err:
@@ -116,7 +116,7 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
         separator=separator, part_size=part_size, progress=progress, store=store)
     token_mask = np.arange(lp_EMT.shape[-1])[None, :] < n_tok_E[:, None]
     candidates_EM = np.asarray(candidates_EM, np.int64)
-    branches = BranchCache(lp_EMT, np.asarray(base_scores_EM, np.float32), candidates_EM >= 0,
+    branches = ScoredBranches(lp_EMT, np.asarray(base_scores_EM, np.float32), candidates_EM >= 0,
                            token_mask, np.array([len(ex.continuation.encode("utf-8"))
                                                  for ex in examples], np.int64),
                            tuple(ex.id for ex in examples))
@@ -171,7 +171,7 @@ def pool_logliks(pool: ScoredPool, scores_EM: np.ndarray, k: int,
     top = top_k_in_pool(scores_EM if choose_EM is None else choose_EM, c.doc_mask_NK, k)
     mask = np.zeros_like(c.doc_mask_NK)
     np.put_along_axis(mask, top, True, axis=1)
-    view = BranchCache(c.logprobs_NKT, np.asarray(scores_EM, np.float32), mask & c.doc_mask_NK,
+    view = ScoredBranches(c.logprobs_NKT, np.asarray(scores_EM, np.float32), mask & c.doc_mask_NK,
                        c.token_mask_NT, c.bytes_N, c.ids)
     return mixture_logliks(view, temperature)
 

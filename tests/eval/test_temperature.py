@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from replug_jax.eval.stats import bpb_difference, format_interval, paired_bootstrap
-from replug_jax.branches import BranchCache, mixture_logliks
+from replug_jax.branches import ScoredBranches, mixture_logliks
 from replug_jax.eval.temperature import cross_fit_logliks, fit_tau, fit_temperature
 from replug_jax.replug import Replug
 from replug_jax.retrieval.corpus import Passage
@@ -28,9 +28,9 @@ def _pipe(**kw):
 def test_sweep_from_cached_branches_equals_direct_scoring(tmp_path):
     """One LM pass at τ = 1 serves every weighting: each equals scoring anew at that τ."""
     base = _pipe(retrieval_temperature=1.0)
-    cache = BranchCache.from_results(base.score(CONTEXTS, TARGETS, reliance=False))
+    cache = ScoredBranches.from_results(base.score(CONTEXTS, TARGETS, reliance=False))
     cache.save(tmp_path / "c.npz")
-    cache = BranchCache.load(tmp_path / "c.npz")
+    cache = ScoredBranches.load(tmp_path / "c.npz")
     for tau in (1.0, 0.3, 0.1, 0.05, 0.02):
         direct = [r.loglik for r in _pipe(retrieval_temperature=tau).score(CONTEXTS, TARGETS,
                                                                  reliance=False)]
@@ -45,11 +45,11 @@ def test_sweep_from_cached_branches_equals_direct_scoring(tmp_path):
     with pytest.raises(ValueError, match="a weighting is a temperature"):
         mixture_logliks(cache, "softmax")
     (tmp_path / "bad.npz").write_bytes(b"not an npz")
-    with pytest.raises(ValueError, match="not a readable branch cache"):
-        BranchCache.load(tmp_path / "bad.npz")
+    with pytest.raises(ValueError, match="not a readable file of scored branches"):
+        ScoredBranches.load(tmp_path / "bad.npz")
 
 
-def _two_branch_cache(n_first: int, n_second: int, gap: float = 0.5) -> BranchCache:
+def _two_branch_cache(n_first: int, n_second: int, gap: float = 0.5) -> ScoredBranches:
     """Examples answered only by document 0 (n_first) or only by document 1 (n_second), with
     scores (gap, 0): the log-likelihood is n_first·log λ + n_second·log(1 − λ), maximal at
     λ = sigmoid(gap / τ) = n_first / n, i.e. τ* = gap / logit(n_first / n)."""
@@ -57,7 +57,7 @@ def _two_branch_cache(n_first: int, n_second: int, gap: float = 0.5) -> BranchCa
     lp = np.full((n, 2, 1), -60.0, np.float32)
     lp[:n_first, 0, 0] = 0.0
     lp[n_first:, 1, 0] = 0.0
-    return BranchCache(lp, np.tile(np.array([gap, 0.0], np.float32), (n, 1)),
+    return ScoredBranches(lp, np.tile(np.array([gap, 0.0], np.float32), (n, 1)),
                        np.ones((n, 2), bool), np.ones((n, 1), bool), np.ones(n, np.int64),
                        tuple(map(str, range(n))))
 

@@ -555,9 +555,9 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
     monkeypatch.undo()
     inference_temperature.main(wiki_args + ["k=1", "num_examples=2"])
     fewer = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
-    from replug_jax.branches import BranchCache
+    from replug_jax.branches import ScoredBranches
 
-    branches = BranchCache.load(tmp_path / "work" / "tiny_wikitext" / "base_report.npz")
+    branches = ScoredBranches.load(tmp_path / "work" / "tiny_wikitext" / "base_report.npz")
     assert branches.logprobs_NKT.shape[:2] == (2, 1) and fewer["examples"] == 2
 
 

@@ -161,7 +161,7 @@ def test_pool_key_has_the_separator_and_part_size_and_survives_json(tiny, tmp_pa
     with pytest.raises(ValueError, match="candidates.npy.*rebuild the pool"):
         ScoredPool.load(tmp_path / "pool")
     (tmp_path / "pool" / "branches.npz").write_bytes(b"PK\x03\x04 truncated")
-    with pytest.raises(ValueError, match="not a readable branch cache"):
+    with pytest.raises(ValueError, match="not a readable file of scored branches"):
         ScoredPool.load(tmp_path / "pool")
 
 
