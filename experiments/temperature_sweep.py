@@ -2,9 +2,8 @@
 directions, on a tiny NQ setting: what the temperatures of paper §4 do to training.
 
 Every run starts from the same retriever, data order and seed and differs only in (γ, β,
-direction). The frozen LM's scores do not depend on them, so one LM-score cache is shared by
-all runs (each run's work directory gets a copy before it starts): only the first run pays for
-the LM. Reported per run: the loss at the first and last step, the P_R/Q argmax agreement,
+direction). The frozen LM's scores do not depend on them, so every run reads and writes one
+score store (``supervision.lm_scores``): only the first run pays for the LM. Reported per run: the loss at the first and last step, the P_R/Q argmax agreement,
 the entropy of P_R, and dev recall@1/5 and agreement after training (the untrained retriever's
 are the same for every run). The index is not refreshed within these short runs.
 Usage: ``python -m experiments.temperature_sweep [--config tiny]``.
@@ -91,6 +90,7 @@ def sweep_base(sweep, root: pathlib.Path):
         retrieval=dataclasses.replace(base.retrieval, refresh_every=sweep.total_steps,
                                       refresh_mode="sync"),
         checkpoint_every=sweep.total_steps,
+        supervision=dataclasses.replace(base.supervision, lm_scores=str(root / "lm_scores")),
         optim=dataclasses.replace(base.optim, learning_rate=sweep.learning_rate), num_devices=1)
 
 
@@ -101,19 +101,14 @@ def grid(sweep, base: ObjectiveConfig) -> list[ObjectiveConfig]:
                                                             sweep.betas)]
 
 
-def train_one(cfg, workdir: pathlib.Path, shared_cache: pathlib.Path, lm, passages, train, dev,
-              progress: bool) -> dict:
-    """One (direction, γ, β) run from the shared start, its LM scores shared with the next
-    run through ``shared_cache``: the summary row of its metrics."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    if shared_cache.exists():  # the parts are never rewritten: copying them is sharing them
-        shutil.copytree(shared_cache, workdir / "lm_scores", dirs_exist_ok=True)
+def train_one(cfg, workdir: pathlib.Path, lm, passages, train, dev, progress: bool) -> dict:
+    """One (direction, γ, β) run from the shared start (its LM scores in the sweep's one
+    store): the summary row of its metrics."""
     retriever = Retriever.load(cfg.retriever.name, similarity=cfg.retriever.similarity,
                                max_length=cfg.retriever.doc_max_length)
     trainer = LSRTrainer(cfg, workdir, retriever=retriever, lm_scorer=lm, passages=passages,
                          train=train, dev=dev, progress=progress)
     result = trainer.run()
-    shutil.copytree(workdir / "lm_scores", shared_cache, dirs_exist_ok=True)
     log = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     dev_metrics = json.loads((workdir / "dev_metrics.json").read_text())
     return {"direction": cfg.objective.direction, "gamma": cfg.objective.gamma,
@@ -167,8 +162,7 @@ def main(argv=None):
     with Timer() as sw:
         runs = [train_one(dataclasses.replace(common, objective=objective),
                           root / f"{objective.direction}_g{objective.gamma}_b{objective.beta}",
-                          root / "lm_scores", lm, passages, train, dev,
-                          not args.no_progress)
+                          lm, passages, train, dev, not args.no_progress)
                 for objective in grid(sweep, common.objective)]
     table = [(r["direction"], r["gamma"], r["beta"], f"{r['loss_first']:.4f}",
               f"{r['loss_last']:.4f}", f"{r['agreement_mean']:.2f}",

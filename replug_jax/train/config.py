@@ -138,6 +138,10 @@ class SupervisionConfig:
     towers: Literal["shared", "query"] = "shared"
     shuffle_q: bool = False  # the control: Q permuted within each pool (pool supervision)
     prescore_pool: int = 0  # online: 0 = off
+    # online: the score store (replug_jax.lm.score_store) the LM's pair scores go to and are
+    # read from; "" = the work directory's lm_scores/. Runs, pool builds and `replug eval
+    # --lm-scores` pointed at one folder score each pair once (several processes: DIR.p<i>)
+    lm_scores: str = ""
 
     def __post_init__(self):
         _check([(self.kind == "pool" or (self.towers == "shared" and not self.shuffle_q),

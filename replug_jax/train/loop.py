@@ -185,13 +185,14 @@ class LSRTrainer(OnlineSupervision):
         if self.pool is not None:
             self.lm = None
             return
-        # one LM-score cache per process: each scores only its own rows of every batch
-        cache_name = "lm_scores" if self.pcount == 1 else f"lm_scores.p{self.pid}"
-        if (self.workdir / f"{cache_name}.sqlite").exists():
-            warnings.warn(f"{self.workdir / cache_name}.sqlite: an older release's LM-score "
-                          f"cache, not read; its pairs are scored again into {cache_name}/",
-                          stacklevel=2)
-        self.cache = LMScoreCache(self.workdir / cache_name, scorer_identity(lm_scorer)
+        # one score store per process: each scores only its own rows of every batch
+        store = pathlib.Path(cfg.supervision.lm_scores or self.workdir / "lm_scores")
+        if self.pcount > 1:
+            store = store.with_name(f"{store.name}.p{self.pid}")
+        if store.with_name(f"{store.name}.sqlite").exists():
+            warnings.warn(f"{store}.sqlite: an older release's LM-score cache, not read; its "
+                          f"pairs are scored again into {store}/", stacklevel=2)
+        self.cache = LMScoreCache(store, scorer_identity(lm_scorer)
                                   if hasattr(lm_scorer, "name") else cfg.lm.name)
         self.refresher = IndexRefresher(self.workdir, cfg.retrieval, retriever, self.store,
                                         self.mesh,

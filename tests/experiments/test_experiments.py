@@ -453,8 +453,11 @@ def test_temperature_sweep_tiny(data, tmp_path):
     runs = _result(tmp_path, "temperature_sweep")["runs"]
     assert [(r["gamma"], r["beta"]) for r in runs] == [(0.1, 0.1), (1.0, 0.1)]
     assert all(np.isfinite(r["loss_last"]) for r in runs)
-    # The second run reuses the first run's LM scores: the LM is frozen.
+    # The second run reuses the first run's LM scores through the one store both read and
+    # write (supervision.lm_scores), none of their own: the LM is frozen.
     assert runs[1]["lm_cache_misses"] < runs[0]["lm_cache_misses"]
+    assert list((tmp_path / "runs" / "tiny" / "lm_scores").glob("part-*.npz"))
+    assert not list((tmp_path / "runs" / "tiny").glob("*/lm_scores"))
     # A finished LSR work directory summarised for experiments/results.
     from experiments import lsr_report
 
