@@ -132,6 +132,6 @@ def mixture_logliks(cache: ScoredBranches, scheme: float | str) -> np.ndarray:
 
 def subset(cache: ScoredBranches, rows) -> ScoredBranches:
     rows = np.asarray(rows)
-    return ScoredBranches(cache.logprobs_NKT[rows], cache.scores_NK[rows], cache.doc_mask_NK[rows],
-                       cache.token_mask_NT[rows], cache.bytes_N[rows],
-                       tuple(cache.ids[i] for i in rows))
+    return ScoredBranches(cache.logprobs_NKT[rows], cache.scores_NK[rows],
+                          cache.doc_mask_NK[rows], cache.token_mask_NT[rows],
+                          cache.bytes_N[rows], tuple(cache.ids[i] for i in rows))

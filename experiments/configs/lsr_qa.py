@@ -14,9 +14,9 @@
   with 1,500 test questions; the realised one (80 % power, 5 % level, from the interval) is
   reported beside it.
 - *Training*: questions of ``train_articles`` SQuAD train articles (``dev_articles`` others
-  held out for early stopping and τ); only the query tower learns (``towers="query"``):
-  documents keep the base encoder's embeddings, so the datastore is embedded once and the
-  released retriever carries both towers.
+  held out for early stopping and τ); only the query tower learns
+  (``train.supervision.towers="query"``): documents keep the base encoder's embeddings, so the
+  datastore is embedded once and the released retriever carries both towers.
 
 The ``nq`` config is the same study on NQ (the 624 questions with gold passages, plus the same
 distractors), cross-fitted in folds by question; the variant is chosen on dev in each fold and
@@ -102,8 +102,8 @@ class QAStudyConfig:
     train_articles: int = 100
     max_train: int = 1200  # questions, spread over the articles (0 = all; nq: per fold)
     max_dev: int = 320  # (nq: per fold)
-    # squad, select_on="recall@1": the dev recall@1 that selects reads this many questions of
-    # the dev articles (seeded; no LM cost) rather than the max_dev of the dev pool (0)
+    # squad, train.selection.metric="recall@1": the dev recall@1 that selects reads this many
+    # questions of the dev articles (seeded; no LM cost) rather than the dev pool's max_dev (0)
     recall_dev: int = 0
     max_test: int = 1500  # ≥ 1,500: see detectable_effect (nq: questions, all folds)
     # squad: the test questions' articles: "dev" (the SQuAD dev articles here) or

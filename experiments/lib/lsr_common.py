@@ -204,7 +204,7 @@ def pool_reusing(known: ScoredPool, examples, candidates_EK: np.ndarray, scores_
     c = known.branches
     mask_ET = np.pad(c.token_mask_NT, ((0, 0), (0, t - c.token_mask_NT.shape[1])))
     branches = ScoredBranches(lp_EKT, np.asarray(scores_EK, np.float32), candidates_EK >= 0,
-                           mask_ET, c.bytes_N, c.ids)
+                              mask_ET, c.bytes_N, c.ids)
     reused = int((candidates_EK >= 0).sum()) - sum(len(m) for m in missing)
     return ScoredPool(branches, candidates_EK,
                       {**provenance, **measured, "pairs_reused": reused})

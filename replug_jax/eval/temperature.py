@@ -1,9 +1,9 @@
 """The retrieval temperature τ of REPLUG's weights ``λ = softmax(s(d, x) / τ)`` (paper §3.2)
 as a research axis: every (example, document) branch is scored by the LM once, its per-token
-log-probabilities cached, and the ensemble for any weighting evaluated from the cache.
+log-probabilities kept, and the ensemble for any weighting evaluated from them.
 
 The mixture is per token (Eq. §3.2 applied to every target token with fixed weights), so the
-cache (:class:`~replug_jax.branches.ScoredBranches`) holds ``[N, K, T]`` branch log-probs, not
+scored branches (:class:`~replug_jax.branches.ScoredBranches`) hold ``[N, K, T]`` log-probs, not
 per-branch totals. :func:`fit_tau` is the one τ fitter (a grid, or a bounded 1-D search over
 log τ) of any log-likelihood of τ: a file's (:func:`fit_temperature`), a pool's
 (``train/pool.py``), a study's windows; weights other than a temperature: ``"uniform"``

@@ -116,10 +116,10 @@ def build_pool(examples: Sequence[Example], candidates_EM: np.ndarray,
         separator=separator, part_size=part_size, progress=progress, store=store)
     token_mask = np.arange(lp_EMT.shape[-1])[None, :] < n_tok_E[:, None]
     candidates_EM = np.asarray(candidates_EM, np.int64)
-    branches = ScoredBranches(lp_EMT, np.asarray(base_scores_EM, np.float32), candidates_EM >= 0,
-                           token_mask, np.array([len(ex.continuation.encode("utf-8"))
-                                                 for ex in examples], np.int64),
-                           tuple(ex.id for ex in examples))
+    branches = ScoredBranches(
+        lp_EMT, np.asarray(base_scores_EM, np.float32), candidates_EM >= 0, token_mask,
+        np.array([len(ex.continuation.encode("utf-8")) for ex in examples], np.int64),
+        tuple(ex.id for ex in examples))
     pool = ScoredPool(branches, candidates_EM, {**provenance, "version": POOL_VERSION})
     pool.save(directory)
     return pool
@@ -171,8 +171,8 @@ def pool_logliks(pool: ScoredPool, scores_EM: np.ndarray, k: int,
     top = top_k_in_pool(scores_EM if choose_EM is None else choose_EM, c.doc_mask_NK, k)
     mask = np.zeros_like(c.doc_mask_NK)
     np.put_along_axis(mask, top, True, axis=1)
-    view = ScoredBranches(c.logprobs_NKT, np.asarray(scores_EM, np.float32), mask & c.doc_mask_NK,
-                       c.token_mask_NT, c.bytes_N, c.ids)
+    view = ScoredBranches(c.logprobs_NKT, np.asarray(scores_EM, np.float32),
+                          mask & c.doc_mask_NK, c.token_mask_NT, c.bytes_N, c.ids)
     return mixture_logliks(view, temperature)
 
 

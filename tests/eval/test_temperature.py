@@ -58,8 +58,8 @@ def _two_branch_cache(n_first: int, n_second: int, gap: float = 0.5) -> ScoredBr
     lp[:n_first, 0, 0] = 0.0
     lp[n_first:, 1, 0] = 0.0
     return ScoredBranches(lp, np.tile(np.array([gap, 0.0], np.float32), (n, 1)),
-                       np.ones((n, 2), bool), np.ones((n, 1), bool), np.ones(n, np.int64),
-                       tuple(map(str, range(n))))
+                          np.ones((n, 2), bool), np.ones((n, 1), bool), np.ones(n, np.int64),
+                          tuple(map(str, range(n))))
 
 
 def test_fitted_temperature_finds_a_known_optimum():

@@ -249,3 +249,26 @@ def test_prefix_cache_is_bounded_in_bytes():
         lm.score_token_ids(prefixes, conts)
         assert lm.prefix_cache.bytes <= lm.prefix_cache.max_bytes
     assert 0 < len(lm.prefix_cache) <= 3
+
+
+def test_the_cross_call_prefix_cache_evicts_the_least_recently_used_past_its_bytes():
+    """lm/kv_reuse.py's PrefixKV: entries of 20 bytes per token here; a read makes an entry
+    the most recent; past max_bytes the least recent goes; an entry larger than the whole
+    cache is not kept; the longest cached prefix within the limits is found."""
+    from replug_jax.lm.kv_reuse import PrefixKV
+
+    def entry(n):  # keys and values [layers 1, heads 1, n, 2] float32, positions [n] int32
+        return (np.zeros((1, 1, n, 2), np.float32), np.zeros((1, 1, n, 2), np.float32),
+                np.zeros(n, np.int32))
+
+    cache = PrefixKV(max_bytes=100)
+    cache.put((1, 2), entry(2))
+    cache.put((1, 2, 3), entry(3))
+    assert cache.bytes == 100 and len(cache) == 2
+    assert cache.get((1, 2)) is not None and cache.hits == 1
+    cache.put((7,), entry(1))  # 120 bytes: the least recent, (1, 2, 3), goes
+    assert cache.get((1, 2, 3)) is None and cache.bytes == 60 and len(cache) == 2
+    assert cache.longest([1, 2, 3, 4], limit=4, min_len=1) == 2
+    assert cache.longest([1, 2, 3, 4], limit=1, min_len=1) == 0
+    cache.put(tuple(range(10)), entry(10))  # 200 bytes: larger than the cache, not kept
+    assert len(cache) == 2

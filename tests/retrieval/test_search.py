@@ -85,3 +85,27 @@ def test_index_build_from_parts_equals_the_concatenated_matrix(tmp_path):
         Index.build([emb[:100], emb[100:, :8]], passages)
     with pytest.raises(ValueError, match="299 embeddings for 300 passages"):
         Index.build([emb[:100], emb[100:299]], passages)
+
+
+def test_the_checks_every_search_backend_shares():
+    """retrieval/search.py, the part FAISS and the exact JAX search share: queries of the
+    wrong width, k ≤ 0 or a non-finite component are refused naming the first bad query; a
+    non-finite stored vector names its row; exclusions are one set per query."""
+    from replug_jax.retrieval.search import (
+        checked_queries,
+        checked_vectors,
+        per_query_exclusions,
+    )
+
+    q = checked_queries([[1, 0], [0, 1]], 2, 3)
+    assert q.dtype == np.float32 and q.flags.c_contiguous
+    for bad, k, message in (([[1, 0, 0]], 1, r"queries must be \[B, 2\], got \(1, 3\)"),
+                            ([[1, 0]], 0, "k must be positive, got 0"),
+                            ([[1, 0], [np.inf, 0]], 1, r"1 of 2 queries .* \(first: query 1\)")):
+        with pytest.raises(ValueError, match=message):
+            checked_queries(bad, 2, k)
+    with pytest.raises(ValueError, match=r"passages: 1 of 3 vectors .* \(first: row 2\)"):
+        checked_vectors(np.array([[0.0], [1.0], [np.nan]]), "passages")
+    assert per_query_exclusions(None, 2) == [set(), set()]
+    assert per_query_exclusions([4, 5], 3) == [{4, 5}] * 3  # ids shared by every query
+    assert per_query_exclusions([[1], (2, 3)], 2) == [{1}, {2, 3}]  # one set per query

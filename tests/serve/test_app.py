@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replug_jax.serve.app import ServeLimits
+from replug_jax.serve.limits import ServeLimits
 from tests._models import packaged_or_skip
 from tests.helpers import free_port
 
@@ -321,3 +321,12 @@ def test_chat_content_bytes_are_the_tokens_own_and_max_tokens_zero_is_zero(tiny_
         assert all(len(a["bytes"]) or a["token"] == "" for a in e["top_logprobs"])
         assert len(e["top_logprobs"]) == 5  # keyed by token: none lost to equal texts
 
+
+
+def test_a_limit_out_of_range_is_refused_naming_its_flag():
+    """`replug serve`'s limits are checked where they are declared (no server needed)."""
+    assert ServeLimits(batch_window_s=0.0).batch_window_s == 0.0
+    with pytest.raises(ValueError, match="--max-tokens must be positive, got 0"):
+        ServeLimits(max_tokens=0)
+    with pytest.raises(ValueError, match="--batch-window-s must be >= 0, got -1"):
+        ServeLimits(batch_window_s=-1)
