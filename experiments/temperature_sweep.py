@@ -3,9 +3,10 @@ directions, on a tiny NQ setting: what the temperatures of paper §4 do to train
 
 Every run starts from the same retriever, data order and seed and differs only in (γ, β,
 direction). The frozen LM's scores do not depend on them, so every run reads and writes one
-score store (``supervision.lm_scores``): only the first run pays for the LM. Reported per run: the loss at the first and last step, the P_R/Q argmax agreement,
-the entropy of P_R, and dev recall@1/5 and agreement after training (the untrained retriever's
-are the same for every run). The index is not refreshed within these short runs.
+score store (``supervision.lm_scores``): only the first run pays for the LM. Reported per
+run: the loss at the first and last step, the P_R/Q argmax agreement, the entropy of P_R,
+and dev recall@1/5 and agreement after training (the untrained retriever's are the same for
+every run). The index is not refreshed within these short runs.
 Usage: ``python -m experiments.temperature_sweep [--config tiny]``.
 """
 

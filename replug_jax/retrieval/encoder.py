@@ -258,7 +258,8 @@ class Retriever:
 
     def on_devices(self, devices) -> "Retriever":
         """The same encoder (weights, tokenizer, compiled function) running on ``devices``:
-        an index refresh given its own share of the devices (``LSRConfig.retrieval.refresh_devices``)."""
+        an index refresh given its own share of the devices
+        (``LSRConfig.retrieval.refresh_devices``)."""
         other = copy.copy(self)
         other.mesh = _local_mesh(list(devices))
         n_dev = 1 if other.mesh is None else other.mesh.devices.size

@@ -37,8 +37,9 @@ class Example:
 def qa_examples(path: str | pathlib.Path,
                 demonstrations: Sequence[tuple[str, str]] = ()) -> list[Example]:
     """``{"id","question","answer","gold_doc"? | "gold_passage"?}`` lines -> examples with
-    query = the question, x = the plain question prompt of :func:`~replug_jax.prompts.qa_prompt` (after the few-shot
-    ``demonstrations``, as at inference) and y = ``" " + answer``."""
+    query = the question, x = the plain question prompt of
+    :func:`~replug_jax.prompts.qa_prompt` (after the few-shot ``demonstrations``, as at
+    inference) and y = ``" " + answer``."""
     out = []
     for i, row in enumerate(read_jsonl(path)):
         if "question" not in row or "answer" not in row:
