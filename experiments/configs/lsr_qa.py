@@ -152,7 +152,7 @@ class QAStudyConfig:
     work: str = ""  # the work folder under workdir ("": the config's name); shared by a config
     # that reuses another's train and dev pools and trained variants
     release: str = "checkpoints/replug-lsr-minilm-squad"  # written only if the rule passes
-    seed: int = 0
+    seed: int = 0  # the study's draws (articles, examples); train.seed orders the batches
 
 
 CONFIGS = {

@@ -90,7 +90,7 @@ class StudyConfig:
     # pools and trained runs and tests them on this config's test_data
     work: str = ""
     release: str = "checkpoints/replug-lsr-minilm-wikitext-pool"  # written only if it passes
-    seed: int = 0
+    seed: int = 0  # the study's draws (articles, examples); train.seed orders the batches
 
 
 # The paper's §4 setting on a real datastore: windows of enwiki-sample articles (their own

@@ -38,7 +38,7 @@ class TemperatureStudyConfig:
     recall_dev: int = 4000  # dev questions whose recall@1 over the datastore is read
     bootstrap_resamples: int = 2000
     workdir: str = "runs/lsr_qa"  # the lsr_qa work root (its index and pools are reused)
-    seed: int = 0
+    seed: int = 0  # the study's draws (articles, examples); train.seed orders the batches
     # lsr_qa overrides for the tiny CI variant ("key=value" strings)
     study_overrides: tuple = ()
 
