@@ -20,6 +20,16 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def retired(p: argparse.ArgumentParser, old: str, new: str) -> None:
+    """The flag ``old`` of earlier releases, refused in one line that names ``new`` (its
+    value, if given, is read first so that the message is about the name)."""
+    class Refuse(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"{old} is now {new}")
+
+    p.add_argument(old, action=Refuse, nargs="?", help=argparse.SUPPRESS)
+
+
 def _number(kind, test, what: str):
     def parse(text: str):
         try:

@@ -17,6 +17,7 @@ from replug_jax.cli.common import (
     non_negative_float,
     non_negative_int,
     positive_float,
+    retired,
     positive_int,
     unit_interval,
 )
@@ -157,18 +158,17 @@ def add_pipeline_args(p, mode: bool = True) -> None:
                    help=f"LM: packaged name, HF folder, hub id or .gguf (default: {DEFAULT_LM})")
     p.add_argument("-k", type=positive_int, default=10, help="documents per query (paper: 10)")
     add_search_args(p)
-    p.add_argument("--retrieval-temperature", "--temperature", dest="retrieval_temperature",
-                   type=positive_float, default=None, metavar="TAU",
+    p.add_argument("--retrieval-temperature", type=positive_float, default=None, metavar="TAU",
                    help="τ of λ = softmax(s/τ) (default: the τ fitted for the retriever, "
-                   "recorded in its replug.json, else the paper's 1); --temperature is its "
-                   "older name")
+                   "recorded in its replug.json, else the paper's 1)")
+    retired(p, "--temperature", "--retrieval-temperature")
     p.add_argument("--separator", default="\\n\\n",
                    help="text between a document and the input (default: a blank line)")
     if mode:
-        p.add_argument("--mode", "--baseline", dest="mode", choices=MODES, default="replug",
+        p.add_argument("--mode", choices=MODES, default="replug",
                        help="replug (ensemble, default), none (LM alone), concat (all k "
-                       "documents in one prompt), top1, random (k random documents); "
-                       "--baseline is its older name")
+                       "documents in one prompt), top1, random (k random documents)")
+        retired(p, "--baseline", "--mode")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and random documents")
     add_flax_lm_args(p)
     p.add_argument("--api-base", default=None,
@@ -201,10 +201,9 @@ def add_parsers(sub) -> None:
     gen.add_argument("--query", default=None, help="retrieval query (default: the prompt)")
     gen.add_argument("--max-new-tokens", type=non_negative_int, default=32,
                      help="tokens to generate")
-    gen.add_argument("--sampling-temperature", "--temperature-sample",
-                     dest="sampling_temperature", type=non_negative_float, default=0.0,
-                     help="sampling temperature (0 = greedy, default); --temperature-sample is "
-                     "its older name")
+    gen.add_argument("--sampling-temperature", type=non_negative_float, default=0.0,
+                     help="sampling temperature (0 = greedy, default)")
+    retired(gen, "--temperature-sample", "--sampling-temperature")
     gen.add_argument("--top-p", type=unit_interval, default=1.0, help="nucleus sampling mass")
     gen.add_argument("--stop", action="append", default=[],
                      help="stop string (repeatable)")

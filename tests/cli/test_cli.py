@@ -74,7 +74,7 @@ def test_index_build_search_and_score(tmp_path, capsys):
     assert main(["score", "--index", str(index), "--input", str(inp), "-k", "10", "--json"]) == 0
     over = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["settings"]
     assert over["k"] == 3 and over["k_requested"] == 10 and "holds 3 passages" in over["note"]
-    assert main(["score", "--baseline", "none", "--input", str(inp), "--json"]) == 0
+    assert main(["score", "--mode", "none", "--input", str(inp), "--json"]) == 0
     none = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
     assert none["loglik"] < summary["loglik"]
     # The same scores with the LM sharded over 8 devices (SmolLM2's 576-wide layers split by
@@ -83,7 +83,7 @@ def test_index_build_search_and_score(tmp_path, capsys):
                  "--mesh", "data=4,fsdp=2", "--dtype", "float32"]) == 0
     sharded = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
     assert sharded["loglik"] == pytest.approx(summary["loglik"], abs=1e-4)
-    assert main(["score", "--baseline", "none", "--input", str(inp), "--mesh", "model=8"]) == 2
+    assert main(["score", "--mode", "none", "--input", str(inp), "--mesh", "model=8"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith("model sizes that work are 1, 3, 9") and len(err.splitlines()) == 1
 
@@ -99,8 +99,12 @@ def test_clear_errors(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["index", "search", "IDX", "q", "-k", "0"], "argument -k: must be positive, got 0"),
-    (["ask", "what?", "--temperature", "-1"], "--temperature: must be positive, got -1.0"),
-    (["ask", "what?", "--retrieval-temperature", "0"], "--temperature: must be positive"),
+    (["ask", "what?", "--retrieval-temperature", "0"],
+     "--retrieval-temperature: must be positive, got 0.0"),
+    (["ask", "what?", "--temperature", "0.5"], "--temperature is now --retrieval-temperature"),
+    (["score", "--baseline", "none"], "--baseline is now --mode"),
+    (["generate", "p", "--temperature-sample", "1"],
+     "--temperature-sample is now --sampling-temperature"),
     (["score", "--input", "MISSING.jsonl"], "argument --input: MISSING.jsonl: no such file"),
     (["index", "build", "--corpus", "MISSING.tsv", "--out", "o"], "--corpus MISSING.tsv"),
     (["generate", "p", "--top-p", "1.5"], "argument --top-p: must be in (0, 1], got 1.5"),

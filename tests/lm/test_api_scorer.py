@@ -330,7 +330,7 @@ def test_every_api_failure_is_one_line_and_exit_2(misbehaving, where, message, c
     lines.write_text(json.dumps({"context": "a", "continuation": " b"}) + "\n")
     for argv in (["api", "check", "--api-base", url, "--api-retries", "1", "--api-timeout",
                   "0.5"],
-                 ["score", "--input", str(lines), "--baseline", "none", "--api-base", url,
+                 ["score", "--input", str(lines), "--mode", "none", "--api-base", url,
                   "--api-retries", "1", "--api-timeout", "0.5"]):
         rc = cli.main(argv)
         err = capsys.readouterr().err.strip()
@@ -347,7 +347,7 @@ def test_a_server_without_log_probs_is_refused_in_one_line(misbehaving, capsys, 
     lines.write_text(json.dumps({"context": "a", "continuation": " b"}) + "\n")
     assert cli.main(["api", "check", "--api-base", f"{misbehaving}/nologprobs"]) == 0
     assert "top-n of generated tokens  no" in capsys.readouterr().out
-    rc = cli.main(["score", "--input", str(lines), "--baseline", "none", "--api-base",
+    rc = cli.main(["score", "--input", str(lines), "--mode", "none", "--api-base",
                    f"{misbehaving}/nologprobs"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "gives no prompt log-probs" in err and \
