@@ -82,3 +82,22 @@ def test_every_card_and_lsr_results_page_states_the_bases_training_data():
                     json.loads(js.read_text()).get("differences_from_paper") or "")]
     assert not unstated, unstated
     assert not states_the_bases_training_data("The base was trained on some pairs.")
+
+
+def test_the_squad_release_states_the_lengths_its_study_encoded_at():
+    """replug-lsr-minilm-squad was measured on passages and questions its study encoded at
+    its config's lengths: its replug.json, and the tokenizers and sentence-transformers
+    settings of both towers, say the same (a first export said 128 where the study used
+    512, so an index built from it was not the one measured)."""
+    from experiments.configs.lsr_qa import CONFIGS
+
+    folder = CHECKPOINTS / "replug-lsr-minilm-squad"
+    r = CONFIGS["tau_confirm"].train.retriever
+    settings = json.loads((folder / "replug.json").read_text())
+    assert (settings["query_max_length"], settings["doc_max_length"]) == (
+        r.query_max_length, r.doc_max_length) == (512, 512)
+    for tower, length in ((folder, r.query_max_length),
+                          (folder / "passage_encoder", r.doc_max_length)):
+        st = json.loads((tower / "sentence_bert_config.json").read_text())
+        tok = json.loads((tower / "tokenizer_config.json").read_text())
+        assert st["max_seq_length"] == tok["model_max_length"] == length
