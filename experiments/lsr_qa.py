@@ -7,7 +7,7 @@ datastore in :mod:`experiments.lib.lsr_qa_data`).
    (:class:`experiments.lib.squad.MergedDatastore`, built in the work folder).
 2. **Pools**: each question's top-``pool_size`` passages by the base retriever, scored once
    by the frozen LM (``log p(answer | d ∘ question)`` per token; document KV reuse shares each
-   paragraph across the questions that retrieve it; resumable part by part).
+   paragraph across the questions that retrieve it; resumable, LM call by call).
 3. **Diagnostics at no LM cost**: the oracle ceiling (the LM's own top-k of each pool) against
    the base on dev and test; the shuffled-Q control trained like the first variant.
 4. **Training**, in each fold (SQuAD: one, by article; NQ: K by question), on the train pool

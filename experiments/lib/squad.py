@@ -68,8 +68,8 @@ def sample_questions(questions: list[Question], limit: int, seed: int) -> list[Q
     """``limit`` questions (0: all) spread over the articles: a seeded permutation within
     each article, then taken in rounds over the articles (so every article counts). Returned
     grouped by article (articles in order of appearance, the rounds' order within one): a
-    pool scored part by part then holds few articles per part, and document KV reuse shares
-    their paragraphs across the part's questions."""
+    pool scored one LM call at a time then holds few articles per call, and document KV reuse
+    shares their paragraphs across the call's questions."""
     if not limit or limit >= len(questions):
         return list(questions)
     rng = np.random.default_rng(seed)

@@ -2,9 +2,9 @@
 
 The frozen LM's score of an (example, passage) pair never changes, so each example's top-``M``
 candidates of the *base* retriever are scored once (:func:`build_pool`): the per-token
-log-probs ``log p(y_t | d ∘ x, y_<t)`` of every pair, in large length-bucketed batches, saved
-part by part so an interrupted run resumes where it stopped. Everything after that costs no LM
-call:
+log-probs ``log p(y_t | d ∘ x, y_<t)`` of every pair, in large length-bucketed batches, kept
+in the score store call by call so an interrupted run resumes where it stopped. Everything
+after that costs no LM call:
 
 * training (the one trainer, :class:`~replug_jax.train.loop.LSRTrainer` with
   ``supervision.kind="pool"``, its batches from :class:`~replug_jax.train.pool_source.PoolSource`):
