@@ -14,16 +14,15 @@ import numpy as np
 from replug_jax.fileio import atomic_path, write_json_atomic
 from replug_jax.branches import ScoredBranches
 from replug_jax.train.config import LSRConfig
+from replug_jax.train.export import base_training_data
 from replug_jax.train.pool import ScoredPool, score_pairs
 from replug_jax.train.spec import OBJECTIVES, ObjectiveConfig
 from replug_jax.train.refresh import flatten_params
 
 # What every card and results page of a study trained from all-MiniLM-L6-v2 states (its model
 # card, shipped with the packaged weights, lists the ~1.17B pairs it was trained on).
-BASE_DATA = ("The base, all-MiniLM-L6-v2, was itself trained (by sentence-transformers) on "
-             "about 1B text pairs that include SQuAD, Natural Questions and TriviaQA "
-             "(question, paragraph) pairs: on these tasks it is not a neutral starting point, "
-             "and its supervision can only favour the base.")
+BASE_DATA = (base_training_data("minilm").rstrip(".")
+             + ", and its supervision can only favour the base.")
 BASE_DATA_LM = ("The base, all-MiniLM-L6-v2, was itself trained contrastively (by "
                 "sentence-transformers) on about 1.17B text pairs (Reddit, S2ORC, WikiAnswers, "
                 "PAQ, Stack Exchange, MS MARCO, and SQuAD 2.0, Natural Questions and TriviaQA "

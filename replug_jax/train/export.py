@@ -244,6 +244,8 @@ def model_card(cfg: LSRConfig, step: int, dev: dict | None, workdir, folder: pat
                   *(f"| {c['metric']} | {c['difference']:+.4f} | [{c['low']:+.4f}, "
                     f"{c['high']:+.4f}] | {c['items']} |" for c in comparison["all"]), ""]
     base_data, o = base_training_data(cfg.retriever.name), cfg.objective
+    if base_data and lead and base_data.rstrip(".") in lead:  # the lead says it already
+        base_data = None
     lines += ["## Training", "",
               *([base_data, ""] if base_data else []),
               f"- base retriever: `{cfg.retriever.name}` ({cfg.retriever.similarity} "
