@@ -31,10 +31,11 @@ import numpy as np
 from experiments.lib import lm_datastore, lsr_study_report
 from experiments.lib.common import run
 from experiments.configs.lsr_study import CONFIGS
-from experiments.lib.lsr_common import min_detectable, pool_reusing, slug, study_models
+from experiments.lib.lsr_common import min_detectable, slug, study_models
 from experiments.lib.pool_study import Fold, run_params, run_study
 from replug_jax.eval.stats import bpb_difference, format_interval
 from replug_jax.fileio import write_json_atomic
+from replug_jax.lm.score_store import ScoreStore, scorer_identity
 from replug_jax.retrieval.corpus import chunk_documents, leakage_exclusions, read_documents
 from replug_jax.retrieval.encoder import Retriever
 from replug_jax.retrieval import Index, corpus_text
@@ -113,6 +114,7 @@ class WindowsTask:
     base_index: Index
     texts: list | None  # the passages' texts when the datastore was embedded here
     provenance: dict  # what every pool's LM scores depend on
+    store: ScoreStore  # the LM's pair scores, shared by every pool of the work folder
     progress: bool = True
     frozen: dict = dataclasses.field(default_factory=dict)  # towers=query: base embeddings
     # filled by build_pools: per split the pool, the base's REPLUG log-likelihoods and
@@ -167,7 +169,8 @@ class WindowsTask:
                     for name in ("context_tokens", "continuation_tokens", "leakage")},
                 "separator": "\n\n"}
         return cls(cfg, args, work, tag, lm, retriever, passages, by_id, examples, excluded,
-                   base_index, texts, prov, progress)
+                   base_index, texts, prov, ScoreStore(work / "lm_scores", scorer_identity(lm)),
+                   progress)
 
     def build_pools(self) -> None:
         """The base retriever's top-``pool_size`` of every example, scored by the LM once."""
@@ -183,7 +186,7 @@ class WindowsTask:
                 self.examples[s], res.ids, res.scores, self.by_id, self.lm, folder,
                 {**self.provenance, "split": s, "data": paths[s],
                  "examples": [e.id for e in self.examples[s]], "pool_size": cfg.pool_size},
-                progress=self.progress)
+                progress=self.progress, store=self.store)
         self.base_ll = {s: pool_logliks(self.pools[s], self.pools[s].branches.scores_NK,
                                         cfg.train.k, cfg.train.selection.tau)
                         for s in ("dev", "test")}
@@ -252,11 +255,15 @@ class WindowsTask:
         res = index.search(retriever.encode_queries([e.query for e in test], params), cfg.train.k,
                            exclude_ids=self.excluded["test"])
         self.by_id.update({p.id: p for ps in res.passages for p in ps})
-        full = pool_reusing(self.pools["test"], test, res.ids, res.scores, self.by_id, self.lm,
-                            self.work / f"extra_test{self.tag}_{slug(chosen)}",
-                            {**self.provenance, "split": "test", "retrieved_by": chosen,
-                             "examples": [e.id for e in test]},
-                            progress=self.progress)
+        # the pairs the test pool holds come from the store: only the others are scored
+        held = {(i, int(d)) for (i, _), d in np.ndenumerate(self.pools["test"].doc_ids_EM)}
+        full = build_pool(test, res.ids, res.scores, self.by_id, self.lm,
+                          self.work / f"extra_test{self.tag}_{slug(chosen)}",
+                          {**self.provenance, "split": "test", "retrieved_by": chosen,
+                           "examples": [e.id for e in test]},
+                          progress=self.progress, store=self.store)
+        full.provenance["pairs_reused"] = sum((i, int(d)) in held
+                                              for (i, _), d in np.ndenumerate(res.ids) if d >= 0)
         full_ll = pool_logliks(full, full.branches.scores_NK, cfg.train.k, cfg.train.selection.tau)
         alone = np.array([r.logprobs.sum() for r in self.lm.score_continuations(
             [e.context for e in test], [e.continuation for e in test])], np.float64)

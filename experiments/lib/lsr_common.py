@@ -1,7 +1,7 @@
 """What the two LSR studies share (``lsr_study``: language modelling on WikiText;
 ``lsr_qa``: SQuAD and NQ): the variants of a grid (and a registered config's, by its rule),
-their labels, the power of a paired test, saved parameters, and a pool of new candidates that
-reuses an earlier pool's scored pairs."""
+their labels, the power of a paired test, the models a study's training config names, and
+saved parameters."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ import pathlib
 import numpy as np
 
 from replug_jax.fileio import atomic_path, write_json_atomic
-from replug_jax.branches import ScoredBranches
 from replug_jax.train.config import LSRConfig
 from replug_jax.train.export import base_training_data
-from replug_jax.train.pool import ScoredPool, score_pairs
 from replug_jax.train.spec import OBJECTIVES, ObjectiveConfig
 from replug_jax.train.refresh import flatten_params
 
@@ -171,39 +169,3 @@ def save_params(params, path: pathlib.Path, info: dict) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **flatten_params(params))
     write_json_atomic(info, path.with_suffix(".json"))
-
-
-def pool_reusing(known: ScoredPool, examples, candidates_EK: np.ndarray, scores_EK: np.ndarray,
-                 passages_by_id: dict, scorer, directory: pathlib.Path, provenance: dict,
-                 progress: bool = True) -> ScoredPool:
-    """The pool of ``candidates_EK`` (another retriever's top-k for the same ``examples``, in
-    ``known``'s order): each pair ``known`` holds keeps its stored log-probs (the LM is
-    frozen); only the others are scored, resumably, into ``directory``. ``provenance`` gains
-    ``pairs`` (those scored here), ``pairs_reused`` and the rate measured."""
-    if tuple(ex.id for ex in examples) != known.ids:
-        raise ValueError("pool_reusing: the examples are not the known pool's, in its order")
-    slot = {(i, int(pid)): j for (i, j), pid in np.ndenumerate(known.doc_ids_EM) if pid >= 0}
-    candidates_EK = np.asarray(candidates_EK, np.int64)
-    missing = [[int(pid) for pid in row if pid >= 0 and (i, int(pid)) not in slot]
-               for i, row in enumerate(candidates_EK)]
-    width = max((len(m) for m in missing), default=0)
-    lp_known = known.branches.logprobs_NKT
-    new, measured = {}, {"pairs": 0}
-    if width:
-        cand = np.array([m + [-1] * (width - len(m)) for m in missing], np.int64)
-        lp_EWT, _, measured = score_pairs(examples, cand, passages_by_id, scorer, directory,
-                                          provenance, progress=progress)
-        new = {(i, pid): lp_EWT[i, j] for i, m in enumerate(missing) for j, pid in enumerate(m)}
-    t = max([lp_known.shape[-1], *(len(v) for v in new.values())])
-    lp_EKT = np.zeros(candidates_EK.shape + (t,), np.float32)
-    for (i, j), pid in np.ndenumerate(candidates_EK):
-        if pid >= 0:
-            row = new[i, int(pid)] if (i, int(pid)) in new else lp_known[i, slot[i, int(pid)]]
-            lp_EKT[i, j, :len(row)] = row
-    c = known.branches
-    mask_ET = np.pad(c.token_mask_NT, ((0, 0), (0, t - c.token_mask_NT.shape[1])))
-    branches = ScoredBranches(lp_EKT, np.asarray(scores_EK, np.float32), candidates_EK >= 0,
-                              mask_ET, c.bytes_N, c.ids)
-    reused = int((candidates_EK >= 0).sum()) - sum(len(m) for m in missing)
-    return ScoredPool(branches, candidates_EK,
-                      {**provenance, **measured, "pairs_reused": reused})

@@ -13,7 +13,7 @@ from replug_jax.train.pool import (
     score_pairs,
     top_k_in_pool,
 )
-from tests._pools import FACTS, pool_examples as _examples, tiny_pool as _pool
+from tests._pools import pool_examples as _examples, tiny_pool as _pool
 
 pytestmark = pytest.mark.models
 
@@ -247,39 +247,6 @@ def test_oracle_and_shuffled_q_diagnostics(tiny, tmp_path):
         v = c.doc_mask_NK[e]
         assert sorted(sh[e, v]) == pytest.approx(sorted(lm[e, v]))
     assert not np.allclose(sh, lm)
-
-
-def test_a_pool_of_other_candidates_reuses_the_pairs_already_scored(tiny, tmp_path, monkeypatch):
-    """The end-to-end test's pool (another retriever's top-k) takes the pairs the test pool
-    holds from it and scores only the others: the same log-probs as scoring all of them."""
-    from experiments.lib.lsr_common import pool_reusing
-
-    lm, _ = tiny
-    pool, passages = _pool(tiny, tmp_path / "pool")
-    by_id = {p.id: p for p in passages}
-    held = [[int(x) for x in row if x >= 0] for row in pool.doc_ids_EM]
-    # per example: one candidate the pool holds, then one it lacks
-    cand = np.array([[row[0], next(i for i in range(len(FACTS)) if i not in row)]
-                     for row in held], np.int64)
-    scores = np.arange(cand.size, dtype=np.float32).reshape(cand.shape)
-    calls = []
-    real = lm.score_continuations
-    monkeypatch.setattr(lm, "score_continuations",
-                        lambda p, c: calls.append(len(p)) or real(p, c))
-    got = pool_reusing(pool, _examples(), cand, scores, by_id, lm, tmp_path / "extra",
-                       {"lm": lm.name}, progress=False)
-    assert sum(calls) == 4 and got.provenance["pairs"] == 4  # the 4 new pairs only
-    assert got.provenance["pairs_reused"] == 4
-    monkeypatch.setattr(lm, "score_continuations", real)
-    fresh = build_pool(_examples(), cand, scores, by_id, lm, tmp_path / "fresh",
-                       {"lm": lm.name}, part_size=2, progress=False)
-    t = fresh.branches.logprobs_NKT.shape[-1]
-    np.testing.assert_allclose(got.branches.logprobs_NKT[..., :t], fresh.branches.logprobs_NKT,
-                               atol=1e-5)
-    np.testing.assert_allclose(pool_logliks(got, scores, 2), pool_logliks(fresh, scores, 2),
-                               atol=1e-4)
-    with pytest.raises(ValueError, match="not the known pool's"):
-        pool_reusing(pool, _examples()[::-1], cand, scores, by_id, lm, tmp_path / "x", {})
 
 
 def test_a_saved_run_is_reused_when_trained_alike_whatever_json_made_of_it():
