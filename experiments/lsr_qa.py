@@ -364,7 +364,7 @@ class QATask:
         articles = [q.article for q in self.study.questions(fold.index, "test")]
         payload = {"partial": "the primary endpoint alone, computed while the test's LM pairs "
                               "are scored: no log-likelihood gate and no release decision yet",
-                   "config": vars(cfg), "chosen": chosen_name(runs),
+                   "config": dataclasses.asdict(cfg), "chosen": chosen_name(runs),
                    "recall_test": recall_endpoint(cfg, [out], out["hits"], self.study,
                                                   articles),
                    "tau": out["tau"],

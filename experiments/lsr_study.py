@@ -210,7 +210,7 @@ class WindowsTask:
             return out, False
         print(f"lsr_study: {out['verdict']}", flush=True)
         if self.cfg.require_headroom:
-            write_json_atomic({"config": vars(self.cfg), "diagnostics": out},
+            write_json_atomic({"config": dataclasses.asdict(self.cfg), "diagnostics": out},
                               self.work / f"diagnostics{self.tag}.json")
             return out, True
         return out, False
@@ -295,7 +295,7 @@ class WindowsTask:
         pairs = sum(p.provenance["pairs"] for p in pools.values()) + full.provenance["pairs"]
         rates = [p.provenance.get("pairs_per_second") for p in (*pools.values(), full)]
         payload = {
-            "config": vars(self.cfg), "chosen": t["chosen"], "end_to_end": e2e,
+            "config": dataclasses.asdict(self.cfg), "chosen": t["chosen"], "end_to_end": e2e,
             "passes": passes, "diagnostics": diagnostics,
             "examples": {s: len(examples[s]) for s in examples}, "lm_pairs_scored": pairs,
             "end_to_end_pairs_reused": full.provenance["pairs_reused"],

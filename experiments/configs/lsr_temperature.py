@@ -15,6 +15,7 @@ gold answers within the dev pools (320 questions) at the τ fitted at that point
 """
 
 import dataclasses
+import typing
 
 from experiments.configs.lsr_qa import RECALL, TINY, TRAIN
 from replug_jax.train.config import LSRConfig
@@ -28,6 +29,12 @@ STUDY = {"objective.lm_score": "sum", "selection.patience": 0, **RECALL}
 
 @dataclasses.dataclass(frozen=True)
 class TemperatureStudyConfig:
+    # the study's names before it held a training config -> their place in `train`
+    RENAMED: typing.ClassVar[dict] = {
+        "lm_score": "train.objective.lm_score", "steps": "train.total_steps",
+        "eval_every": "train.selection.every", "batch_size": "train.batch_size",
+        "learning_rate": "train.optim.learning_rate", "select_on": "train.selection.metric"}
+
     study: str = "confirm_recall"  # the lsr_qa config whose train and dev pools are read
     carry: str = "experiments/results/lsr_qa/confirm_recall_carry"  # its scored pairs
     train: LSRConfig = dataclasses.field(default_factory=lambda: TRAIN.updated(

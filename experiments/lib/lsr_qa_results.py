@@ -4,6 +4,8 @@ release rule."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from experiments.configs.lsr_qa import PRIMARY_ENDPOINT, RECALL_ENDPOINT
@@ -131,7 +133,7 @@ def across_folds(folds: list[dict], cfg, study) -> tuple[dict, dict, str]:
             for i, f in enumerate(folds) for n, r in f["runs"].items()}
     alone = np.concatenate([f["alone"] for f in folds])
     payload = {
-        "config": vars(cfg), "chosen": chosen, "recall_test": wide,
+        "config": dataclasses.asdict(cfg), "chosen": chosen, "recall_test": wide,
         "primary_endpoint": (PRIMARY_ENDPOINT if wide is None else RECALL_ENDPOINT),
         "chosen_per_fold": picks, "primary": primary,
         "min_detectable_nats": min_detectable(primary),

@@ -394,6 +394,16 @@ def test_lsr_qa_recall_design_selects_at_the_fitted_tau_on_dev_recall(data, tmp_
     # the table's recall columns are on the LM-pool subset, the primary on every question
     assert "recall@1 (2 LM-pool questions)" in md and "on 3 questions of" in md
     assert (out / "lsr_qa" / "tiny_recall.png").stat().st_size > 0
+    # the results file keeps the study's config as a tree that reads back, training config
+    # and all; and its report is rewritten from the JSON alone
+    from experiments.configs.lsr_qa import CONFIGS, QAStudyConfig
+    from experiments.lib import lsr_qa_report
+    from replug_jax import config
+
+    assert config.from_record(QAStudyConfig, res["config"]).train == \
+        CONFIGS["tiny_recall"].train
+    lsr_qa_report.main(["--config", "tiny_recall", "--out", str(out)])
+    assert (out / "lsr_qa" / "tiny_recall.md").read_text() == md
 
 
 def test_lsr_qa_nq_folds_test_every_question_once_by_retrievers_never_trained_on_it(

@@ -94,3 +94,24 @@ def test_a_study_config_holds_its_training_config_in_one_vocabulary():
     built = config.build(QAStudyConfig, {"train": {"k": 3}})
     assert built.train == QAStudyConfig().train.updated({"k": 3})
     assert config.from_record(QAStudyConfig, dataclasses.asdict(cfg)) == cfg  # new records
+
+
+@pytest.mark.parametrize("study", ["lsr_qa", "lsr_study", "lsr_temperature"])
+def test_every_committed_study_result_reads_back_into_its_config(study):
+    """Results written with the flat names of earlier releases read into today's tree (the
+    temperature study's into exactly its current default training config)."""
+    import importlib
+    import pathlib
+
+    from replug_jax import config
+
+    configs = importlib.import_module(f"experiments.configs.{study}")
+    cls = type(configs.CONFIGS["default"])
+    results = sorted((pathlib.Path(__file__).parents[2] / "experiments" / "results" / study)
+                     .glob("*.json"))
+    assert results
+    for path in results:
+        read = config.from_record(cls, json.loads(path.read_text())["config"])
+        assert isinstance(read.train.total_steps, int)
+    if study == "lsr_temperature":
+        assert read.train == configs.CONFIGS["default"].train
