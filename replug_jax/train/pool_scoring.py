@@ -13,9 +13,9 @@ from typing import Sequence
 import numpy as np
 
 from replug_jax.fileio import write_json_atomic
-from replug_jax.lm.score_store import ScoreStore, pair_key
+from replug_jax.lm.score_store import ScoreStore, scorer_identity
 from replug_jax.train.data import Example
-from replug_jax.train.supervision import branch_prompts
+from replug_jax.train.supervision import branch_keys
 
 
 def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages_by_id: dict,
@@ -36,8 +36,6 @@ def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages
     store keeps with each pair (so a resumed or reloaded build still states it).
     """
     from tqdm.auto import tqdm
-
-    from replug_jax.lm.score_store import scorer_identity
 
     d = pathlib.Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -62,9 +60,8 @@ def score_pairs(examples: Sequence[Example], candidates_EM: np.ndarray, passages
         pairs = [(i, j) for i in range(lo, min(e, lo + part_size)) for j in range(m)
                  if candidates_EM[i, j] >= 0]
         exs = [examples[i] for i, _ in pairs]
-        prompts = branch_prompts(exs, [passages_by_id[int(candidates_EM[i, j])]
-                                       for i, j in pairs], scorer, separator)
-        keys = [pair_key(p, ex.continuation) for p, ex in zip(prompts, exs)]
+        keys, prompts = branch_keys(exs, [passages_by_id[int(candidates_EM[i, j])]
+                                          for i, j in pairs], scorer, separator)
         todo = {key: n for n, key in enumerate(keys) if key not in store}  # each pair once
         if todo:
             t0 = time.perf_counter()
