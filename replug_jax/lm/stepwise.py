@@ -59,8 +59,10 @@ def generate_stepwise(lm, groups, top_n: int, max_new_tokens: int, sampling_temp
             mix_lps.append(mix_V[tok])
             branch_lps.append(lp_KV[:, tok])
             cut = stop_position(text, stop)
-            if cut is not None:
+            if cut is not None:  # the text and its tokens end before the stop string
                 text = text[:cut]
+                while toks and len("".join(toks[:-1])) >= cut:
+                    del toks[-1], mix_lps[-1], branch_lps[-1]
                 stopped = "stop"
                 break
         br = np.stack(branch_lps, axis=1) if branch_lps else np.zeros((len(g.prompts), 0))
