@@ -30,7 +30,6 @@ from experiments.lib.common import (
     write_results,
 )
 from experiments.configs.table1_lm import CONFIGS
-from experiments.lib import lm_datastore
 from experiments.lib.datasets import build_pipe, wikitext_setup
 from experiments.table1_lm import (
     DATASTORE_DIFFERENCES,
@@ -38,11 +37,14 @@ from experiments.table1_lm import (
     fmt_level,
     header_notes,
     level,
+    ll,
     scored_windows,
 )
 from replug_jax.core.ensemble import mixture_logprobs, perplexity, retrieval_log_weights
 from replug_jax.eval.perplexity import LMEvaluator
+from replug_jax.branches import first
 from replug_jax.eval.stats import bpb_difference, format_interval
+from replug_jax.eval.temperature import cross_fit_logliks
 from replug_jax.process import Timer
 
 DIFFERENCES = (
@@ -129,17 +131,15 @@ def figure4_datastore(args, cfg):
     ks = sorted(k for k in set(cfg.ks) if k <= cfg.k)
     with Timer() as sw:
         st, scored = scored_windows(cfg, args, ("none", "replug", "random"))
-    ll = lm_datastore.window_logliks
-    nbytes = scored["none"]["bytes"].astype(np.float64)
+    nbytes = scored["none"].bytes_N.astype(np.float64)
     kw = {"clusters": article_clusters(st.article_of), "seed": cfg.seed}
     alone = ll(scored["none"])
     curves, versus, taus = {}, {}, {}
     for k in ks:
-        sub = dict(scored["replug"], branches=np.minimum(scored["replug"]["branches"], k))
-        tau_N, taus[k] = lm_datastore.fitted_tau(sub, st.article_of, cfg.tau_grid,
-                                                 cfg.tau_folds, cfg.seed)
+        cross, taus[k] = cross_fit_logliks(first(scored["replug"], k), cfg.tau_folds, cfg.seed,
+                                           grid=cfg.tau_grid, groups=st.article_of)
         for name, v in (("retrieved, τ=1", ll(scored["replug"], k=k)),
-                        ("retrieved, τ cross-fitted", ll(sub, tau=tau_N)),
+                        ("retrieved, τ cross-fitted", cross),
                         ("random", ll(scored["random"], k=k))):
             curves.setdefault(name, {})[k] = level(v, nbytes, kw["clusters"], cfg.seed)
             versus.setdefault(name, {})[k] = bpb_difference(v, alone, nbytes, **kw)

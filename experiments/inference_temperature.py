@@ -2,7 +2,8 @@
 one LM pass per retriever serves the whole sweep.
 
 Every (example, document) branch is scored once at the top-k of the retriever and its per-token
-log-probabilities cached (``ScoredBranches``, resumable per split); the mixture is then evaluated
+log-probabilities kept (``ScoredBranches``; the LM's pairs in the score store, resumable); the
+mixture is then evaluated
 for each τ, for uniform weights and for the top-1 document alone, and τ is fitted by a bounded
 1-D search maximising the log-likelihood of the fit split. Every difference is reported with a
 paired bootstrap 95 % interval over questions or windows. The fitted τ of the retriever named
@@ -14,8 +15,6 @@ Usage: ``python -m experiments.inference_temperature --config nq|wikitext``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import pathlib
 
 import numpy as np
@@ -35,7 +34,7 @@ from replug_jax.eval.perplexity import WindowSettings, leakage_exclusions, slidi
 from replug_jax.eval.stats import bpb_difference, format_interval, paired_bootstrap
 from replug_jax.branches import ScoredBranches, mixture_logliks
 from replug_jax.eval.temperature import cross_fit_logliks, fit_temperature
-from replug_jax.fileio import atomic_path, read_jsonl, write_text_atomic
+from replug_jax.fileio import read_jsonl
 from replug_jax.lm.score_store import ScoreStore, StoredLM, scorer_identity
 from replug_jax.prompts import qa_prompt
 from replug_jax.replug import Replug
@@ -101,60 +100,22 @@ def examples(cfg, lm, split: str, passages) -> dict:
             "ids": [f"{w.source_id}@{w.target_span[0]}" for w in windows], "gold": None}
 
 
-def content_key(**parts) -> str:
-    """SHA-256 of everything that determines a cached file's content (JSON, sorted keys)."""
-    blob = json.dumps(parts, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def split_key(cfg, lm, data: dict, retriever=None, passages=None) -> str:
-    """The content key of one split's cache: the LM and its context, every example (ids,
-    prompts with their demonstrations, targets, queries, exclusions), and for REPLUG the
-    retriever's identity, k and the corpus's passages."""
-    parts = {"lm": getattr(lm.lm, "fingerprint", lm.name), "max_context": lm.max_context,
-             "ids": data["ids"], "contexts": data["contexts"], "targets": data["targets"]}
-    if retriever is not None:
-        parts.update(k=cfg.k, retriever=retriever.identity, queries=data["queries"],
-                     exclude=None if data["exclude"] is None else
-                     [sorted(e) for e in data["exclude"]],
-                     corpus=content_key(passages=[(p.id, p.title, p.text) for p in passages]))
-    return content_key(**parts)
-
-
-def cached(path: pathlib.Path, key: str) -> bool:
-    """Whether ``path`` holds a cache made with ``key``."""
-    key_path = path.with_name(path.name + ".key")
-    return path.exists() and key_path.exists() and key_path.read_text().strip() == key
-
-
-def score_split(pipe: Replug | None, data: dict, path: pathlib.Path, mode: str,
-                progress: bool, key: str, batch: int = 4):
-    """Branch cache (mode replug) or ``[N]`` log-likelihoods (mode none), cached at ``path``
-    with its content ``key`` beside it (``pipe`` may be None only when that cache is valid)."""
+def score_split(pipe: Replug, data: dict, mode: str, progress: bool, desc: str,
+                batch: int = 4):
+    """A split's scored branches (mode replug) or ``[N]`` log-likelihoods (mode none); the
+    pipeline's LM reads and writes the score store, so a rerun scores no pair again."""
     from tqdm.auto import tqdm
 
-    if cached(path, key):
-        return ScoredBranches.load(path) if mode == "replug" else np.load(path)
-    if path.exists():
-        print(f"{path}: cached with other settings (k, examples, LM, retriever or corpus); "
-              "scoring again")
     results = []
     n = len(data["contexts"])
-    for i in tqdm(range(0, n, batch), desc=f"{path.stem}", disable=not progress):
+    for i in tqdm(range(0, n, batch), desc=desc, disable=not progress):
         sl = slice(i, i + batch)
         results += pipe.score(data["contexts"][sl], data["targets"][sl], data["queries"][sl],
                               mode=mode, exclude_ids=None if data["exclude"] is None else
                               data["exclude"][sl], reliance=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if mode == "replug":
-        out = ScoredBranches.from_results(results, data["ids"])
-        out.save(path)
-    else:
-        out = np.array([r.loglik for r in results], np.float64)
-        with atomic_path(path, ".npy") as tmp:
-            np.save(tmp, out)
-    write_text_atomic(key, path.with_name(path.name + ".key"))  # after the data it vouches for
-    return out
+        return ScoredBranches.from_results(results, data["ids"])
+    return np.array([r.loglik for r in results], np.float64)
 
 
 def metric(cfg, logliks, num_bytes) -> float:
@@ -172,11 +133,11 @@ def difference(cfg, a, b, num_bytes) -> dict:
 
 
 def score_all(cfg, retrievers, work: pathlib.Path, progress: bool) -> dict:
-    """One LM pass per retriever and split, cached on disk: the splits, the LM alone's
-    log-likelihoods, each retriever's scored branches and, where the gold passage is known, its
-    hits at ranks 1 and 5. The LM's scores go to ``work/lm_scores/`` as they are made
-    (:class:`~replug_jax.lm.score_store.StoredLM`): a split interrupted before its cache is
-    written resumes from them."""
+    """One LM pass per retriever and split: the splits, the LM alone's log-likelihoods, each
+    retriever's scored branches and, where the gold passage is known, its hits at ranks 1
+    and 5. Every pair the LM scores goes to ``work/lm_scores/``
+    (:class:`~replug_jax.lm.score_store.StoredLM`): a run resumes, and a rerun (a report
+    written again, another τ grid) scores no pair again."""
     lm = load_lm(cfg.lm, cfg.max_context)
     lm = StoredLM(lm, ScoreStore(work / "lm_scores", scorer_identity(lm)))
     passages = load_corpus(cfg, lm)
@@ -184,19 +145,14 @@ def score_all(cfg, retrievers, work: pathlib.Path, progress: bool) -> dict:
     splits = ("report",) if cfg.dataset == "nq" else ("fit", "report")
     data = {s: examples(cfg, lm, s, passages) for s in splits}
     report = data["report"]
-    plain = score_split(Replug(lm, mode="none"), report, work / "lm_alone.npy", "none",
-                        progress, split_key(cfg, lm, report))
+    plain = score_split(Replug(lm, mode="none"), report, "none", progress, "lm_alone")
     caches, hits_at = {}, {}
     with_gold = report["gold"] is not None and all(g is not None for g in report["gold"])
     for label, source in retrievers:
         retriever = Retriever.load(source)
-        paths = {s: work / f"{label}_{s}.npz" for s in splits}
-        keys = {s: split_key(cfg, lm, data[s], retriever, passages) for s in splits}
-        pipe = None  # the corpus is embedded only when a split is not cached yet
-        if with_gold or not all(cached(paths[s], keys[s]) for s in splits):
-            pipe = Replug(lm, retriever, index_in_memory(passages, retriever),
-                          k=cfg.k, retrieval_temperature=1.0)
-        caches[label] = {s: score_split(pipe, data[s], paths[s], "replug", progress, keys[s])
+        pipe = Replug(lm, retriever, index_in_memory(passages, retriever), k=cfg.k,
+                      retrieval_temperature=1.0)
+        caches[label] = {s: score_split(pipe, data[s], "replug", progress, f"{label}_{s}")
                          for s in splits}
         if with_gold:
             hits = pipe.index.search(retriever.encode_queries(report["queries"]), 5)
@@ -285,7 +241,7 @@ def notes(cfg, payload: dict, work, base_label: str) -> str:
     fits, recalls = payload["fits"], payload["recall"]
     unit = "questions" if cfg.dataset == "nq" else "windows"
     return (f"{payload['examples']} {'questions' if cfg.dataset == 'nq' else 'test windows'}, "
-            f"k = {cfg.k}; one LM pass per retriever (its scored branches kept in `{work}`). "
+            f"k = {cfg.k}; one LM pass per retriever (its pairs kept in `{work}/lm_scores`). "
             f"Fitted τ (bounds {BOUNDS}): " + "; ".join(
                 f"{label} {f['temperature']:.3g}" + (" (at a bound)" if f["at_bound"] else "")
                 for label, f in fits.items()) + f". Intervals: paired bootstrap over {unit}, "

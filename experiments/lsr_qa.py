@@ -41,7 +41,7 @@ import pathlib
 
 import numpy as np
 
-from experiments.lib import lm_datastore, lsr_qa_report, squad
+from experiments.lib import lsr_qa_report, squad
 from experiments.lib.common import provenance, run, write_results
 from experiments.configs.lsr_qa import CONFIGS
 from experiments.lib.lsr_common import REGISTERED_RULE, registered_variant, slug, study_models
@@ -56,6 +56,7 @@ from experiments.lib.lsr_qa_data import (
 from experiments.lib.lsr_qa_report import chosen_name
 from experiments.lib.lsr_qa_results import BASE, across_folds, recall_endpoint
 from experiments.lib.pool_study import Fold, run_params, run_study
+from replug_jax.branches import ScoredBranches, mixture_logliks
 from replug_jax.eval.stats import format_interval
 from replug_jax.fileio import atomic_path
 from replug_jax.lm.score_store import ScoreStore, scorer_identity
@@ -117,9 +118,10 @@ def end_to_end(res, logprobs: dict, length_E: np.ndarray, tau, k: int) -> np.nda
             if pid >= 0:
                 row = logprobs[i, int(pid)]
                 lp[i, slot, :len(row)] = row
-    scored = {"lp": lp, "length": length_E, "branches": (res.ids[:, :k] >= 0).sum(1),
-              "scores": res.scores[:, :k]}
-    return lm_datastore.window_logliks(scored, tau=tau)
+    mask_NT = np.arange(t)[None, :] < np.asarray(length_E)[:, None]
+    branches = ScoredBranches(lp, res.scores[:, :k].astype(np.float32), res.ids[:, :k] >= 0,
+                              mask_NT, np.zeros(len(lp), np.int64), tuple(map(str, range(len(lp)))))
+    return mixture_logliks(branches, tau)
 
 
 def score_pools(study, examples, lm, retriever, cfg, work, progress, store, carry,

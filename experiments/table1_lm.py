@@ -39,8 +39,10 @@ from experiments.lib.common import (
 )
 from experiments.configs.table1_lm import CONFIGS
 from experiments.lib.datasets import build_pipe, wikitext_setup
+from replug_jax.branches import first, mixture_logliks
 from replug_jax.eval.perplexity import LMEvaluator
 from replug_jax.eval.stats import bpb_difference, format_interval
+from replug_jax.eval.temperature import cross_fit_logliks
 from replug_jax.process import Timer
 
 WIKITEXT2_DIFFERENCES = (
@@ -187,16 +189,20 @@ def header_notes(cfg, st, seconds) -> str:
             "95 %, bootstrap over articles (10,000 resamples), paired.")
 
 
+def ll(branches, k: int | None = None, tau: float = 1.0) -> np.ndarray:
+    """Per-window log-likelihoods of the mixture of each window's first ``k`` branches."""
+    return mixture_logliks(branches if k is None else first(branches, k), tau)
+
+
 def rows_of(cfg, st, scored) -> tuple[dict, list]:
     """Per-window log-likelihood of every Table 1 row, and the τ chosen per fold."""
-    k = cfg.k
-    ll = lm_datastore.window_logliks
-    tau_N, taus = lm_datastore.fitted_tau(scored["replug"], st.article_of, cfg.tau_grid,
-                                          cfg.tau_folds, cfg.seed)
+    k, replug = cfg.k, scored["replug"]
+    cross, taus = cross_fit_logliks(replug, cfg.tau_folds, cfg.seed, grid=cfg.tau_grid,
+                                    groups=st.article_of)
     rows = {"LM alone": ll(scored["none"]),
-            f"REPLUG (k={k}, τ=1)": ll(scored["replug"]),
-            f"REPLUG (k={k}, τ cross-fitted)": ll(scored["replug"], tau=tau_N),
-            "top-1 document": ll(scored["replug"], k=1),
+            f"REPLUG (k={k}, τ=1)": ll(replug),
+            f"REPLUG (k={k}, τ cross-fitted)": cross,
+            "top-1 document": ll(replug, k=1),
             f"random datastore passages (k={k})": ll(scored["random"]),
             f"concatenation of the top-{k}": ll(scored["concat"])}
     if "control_replug" in scored:
@@ -215,7 +221,7 @@ def main_datastore(args, cfg):
     with Timer() as sw:
         st, scored = scored_windows(cfg, args, sources)
     rows, taus = rows_of(cfg, st, scored)
-    nbytes = scored["none"]["bytes"].astype(np.float64)
+    nbytes = scored["none"].bytes_N.astype(np.float64)
     clusters = article_clusters(st.article_of)
     kw = {"clusters": clusters, "seed": cfg.seed}
     alone = rows["LM alone"]

@@ -57,12 +57,15 @@ class ScoredBranches:
         return len(self.ids)
 
     @classmethod
-    def from_results(cls, results: Sequence, ids: Sequence[str] | None = None) -> "ScoredBranches":
-        """From :class:`~replug_jax.replug.ScoreResult` objects of mode ``"replug"`` (each holds
-        ``branch_logprobs [K', T]`` and ``doc_scores [K']``)."""
+    def from_results(cls, results: Sequence, ids: Sequence[str] | None = None, *,
+                     unscored: str = "refuse") -> "ScoredBranches":
+        """From :class:`~replug_jax.replug.ScoreResult` objects (each holds ``branch_logprobs
+        [K', T]`` and ``doc_scores``). A result without one retrieval score per branch (mode
+        "none", "concat" or "random") is refused, or with ``unscored="uniform"`` kept with
+        equal scores: λ uniform over its branches at any τ."""
         if not results:
             raise ValueError("no scored examples")
-        k = max(len(r.doc_scores) for r in results)
+        k = max(r.branch_logprobs.shape[0] for r in results)
         t = max(r.branch_logprobs.shape[1] for r in results)
         n = len(results)
         lp = np.zeros((n, k, t), np.float32)
@@ -71,11 +74,13 @@ class ScoredBranches:
         tok_mask = np.zeros((n, t), bool)
         for i, r in enumerate(results):
             kk, tt = r.branch_logprobs.shape
-            if r.doc_scores is None or len(r.doc_scores) != kk or np.isnan(r.doc_scores).any():
+            scored = (r.doc_scores is not None and len(r.doc_scores) == kk
+                      and not np.isnan(r.doc_scores).any())
+            if not scored and unscored != "uniform":
                 raise ValueError(f"result {i} has no retrieval scores (mode {r.settings['mode']!r}"
                                  "); score with mode 'replug'")
             lp[i, :kk, :tt] = r.branch_logprobs
-            scores[i, :kk] = r.doc_scores
+            scores[i, :kk] = r.doc_scores if scored else 0.0
             doc_mask[i, :kk] = True
             tok_mask[i, :tt] = True
         ids = tuple(str(x) for x in (ids if ids is not None else range(n)))
@@ -128,6 +133,11 @@ def mixture_logliks(cache: ScoredBranches, scheme: float | str) -> np.ndarray:
     log_w = scheme_log_weights(cache.scores_NK, cache.doc_mask_NK, scheme)
     return np.asarray(_logliks(cache.logprobs_NKT, cache.token_mask_NT, log_w), np.float64)
 
+
+def first(cache: ScoredBranches, k: int) -> ScoredBranches:
+    """Each example's first ``k`` documents (the top-``k`` of a top-K retrieval)."""
+    return dataclasses.replace(cache, doc_mask_NK=cache.doc_mask_NK & (
+        np.arange(cache.doc_mask_NK.shape[1]) < k))
 
 
 def subset(cache: ScoredBranches, rows) -> ScoredBranches:

@@ -37,7 +37,7 @@ class TemperatureConfig:
     # wikitext: the LSR training step of each retriever, in order (e.g. checkpoints exported
     # with `replug export-retriever --step`): dev and test bits per byte against the step
     steps: tuple = ()
-    workdir: str = "runs/inference_temperature"  # scored branches (resumable)
+    workdir: str = "runs/inference_temperature"  # the LM-score store (resumable)
     bootstrap_resamples: int = 10_000
     seed: int = 0
 

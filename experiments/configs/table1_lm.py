@@ -42,7 +42,7 @@ class LMConfig:
     drop_leaking: bool = False  # exclude each window's leaking passages from its retrieval
     tau_grid: tuple = (0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)  # τ fitted on folds
     tau_folds: int = 5  # article folds of the cross-fitted τ
-    cache: str = ""  # scored batches (default runs/lm_datastore/<digest>): resumable
+    cache: str = ""  # the LM-score store and indexes (default runs/lm_datastore): resumable
 
 
 # built by: replug index build --corpus <enwiki sample> --out runs/enwiki_idx (README)

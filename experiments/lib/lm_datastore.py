@@ -1,6 +1,6 @@
 """Language modelling against a real datastore (Table 1 and Figure 4 on WikiText-103 test with
 Wikipedia passages): the evaluated windows, the datastores, the n-gram leakage check, and the
-per-window branch log-probabilities, scored once and cached on disk.
+per-window branch log-probabilities, each pair scored once (the score store).
 
 **Windows.** Every article of the evaluated text is cut into sliding windows
 (:func:`replug_jax.eval.perplexity.sliding_windows`: ``context_tokens`` of LM input before
@@ -11,14 +11,14 @@ article gives more than one window more than any other (the cap) and every artic
 **Scored once.** Each window is scored per *source*: the LM alone, the top-``k`` retrieved
 documents, ``k`` random ones, their concatenation, and (the format control) the top-``k`` and
 ``k`` random passages of a second datastore. A source's per-branch, per-token target
-log-probabilities ``[K, T]`` and retrieval scores ``[K]`` are kept, so every REPLUG variant
-(any k ≤ K: the top-k of the top-K is the top-k; any τ of ``λ = softmax(s/τ)``; top-1) is an
-exact function of them and costs no further LM call. Batches are written atomically as
-``.npz`` (arrays only, read with ``allow_pickle=False``) under a folder named by the digest of
-everything that decides the numbers: an interrupted run resumes where it stopped. Beneath
-them, every (branch, target) pair the LM scores goes to the cache root's ``lm_scores/``
-(:class:`~replug_jax.lm.score_store.StoredLM`, the store the LSR pools use): another
-configuration of the same windows (a larger ``k``, a control) scores only the pairs it adds.
+log-probabilities ``[K, T]`` and retrieval scores ``[K]`` are kept as
+:class:`~replug_jax.branches.ScoredBranches`, so every REPLUG variant (any k ≤ K: the top-k of
+the top-K is the top-k; any τ of ``λ = softmax(s/τ)``; top-1; τ cross-fitted over articles by
+:func:`~replug_jax.eval.temperature.cross_fit_logliks`) is an exact function of them and costs
+no further LM call. Every (branch, target) pair the LM scores goes to the cache root's
+``lm_scores/`` (:class:`~replug_jax.lm.score_store.StoredLM`, the store ``replug eval`` and
+the LSR pools use): an interrupted run resumes by pair, and another configuration of the same
+windows (a larger ``k``, a control) or another experiment scores only the pairs it adds.
 
 **Leakage.** A window leaks into a passage when its target shares a word ``leak_ngram``-gram
 (lower-cased ``\\w+`` words; WikiText's ``@-@`` joins undone) with the passage. The rate is
@@ -28,19 +28,15 @@ reported; ``drop_leaking`` removes the leaking passages from that window's retri
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import json
 import pathlib
 import re
 
 import numpy as np
 
 from experiments.lib.common import ROOT, load_retriever, require_data
-from replug_jax.core.ensemble import mixture_logprobs, retrieval_log_weights
+from replug_jax.branches import ScoredBranches
 from replug_jax.eval.perplexity import WindowSettings, sliding_windows, split_wikitext
-from replug_jax.eval.temperature import fit_tau
-from replug_jax.fileio import atomic_path, write_text_atomic
 from replug_jax.lm.score_store import ScoreStore, StoredLM, scorer_identity
 from replug_jax.replug import Replug
 from replug_jax.retrieval.build import build_index
@@ -251,121 +247,40 @@ def setup(cfg, lm, progress: bool = True, sources=SOURCES) -> Setup:
     return Setup(docs, windows, article_of, pipes, exclusions, leakage, main_n, control_n)
 
 
-_NOT_SCORES = ("ks", "batch_size", "tau_grid", "tau_folds", "cache", "modes")
-_CONTROL_FIELDS = ("control_datastore", "control_documents", "control_k")
-
-
 def source_k(cfg, source: str) -> int:
     """Documents per window of a source: ``control_k`` (default ``k``) for the control."""
     return (cfg.control_k or cfg.k) if source in _CONTROL else cfg.k
 
 
-def cache_folder(cfg, st: Setup, source: str = "none") -> pathlib.Path:
-    """The folder of a source's scored batches: named by the digest of the config fields that
-    decide its scores (the control's settings only for the control) and of the windows."""
-    fields = {k: v for k, v in dataclasses.asdict(cfg).items()
-              if k not in _NOT_SCORES and (source in _CONTROL or k not in _CONTROL_FIELDS)}
-    spec = json.dumps({"config": fields, "windows": [(w.source_id, w.span) for w in st.windows]},
-                      sort_keys=True, default=str)
-    return cache_root(cfg) / hashlib.sha256(spec.encode()).hexdigest()[:16]
-
-
 def cache_root(cfg) -> pathlib.Path:
-    """Where the scored batches (one folder per configuration) and the LM-score store live."""
+    """Where the LM-score store (``lm_scores/``) and the cached indexes live."""
     return pathlib.Path(cfg.cache) if cfg.cache else ROOT / "runs" / "lm_datastore"
 
 
-def _save_npz(path: pathlib.Path, **arrays) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays)
-
-
 def score_windows(cfg, st: Setup, sources, progress: bool = True) -> dict:
-    """Per source: ``lp`` [N, K, T] branch target log-probs (padded with 0), ``length`` [N]
-    target tokens, ``branches`` [N], ``scores`` [N, K] (NaN: random), ``ids`` [N, K] (−1: none),
-    ``bytes`` [N]; computed batch by batch and cached (module docstring)."""
+    """Per source, the windows' :class:`~replug_jax.branches.ScoredBranches` (``[N, K, T]``
+    target log-probs of the top-K branches; λ uniform where a source has no retrieval
+    scores: the LM alone, random documents, the concatenation), scored batch by batch by the
+    pipelines, whose LM reads and writes the score store: a run resumes by pair."""
     from tqdm.auto import tqdm
 
     n, bs = len(st.windows), cfg.batch_size
     out = {}
     for source in sources:
-        mode, k = _CONTROL.get(source, source), source_k(cfg, source)
         if source not in st.pipes:
             raise ValueError(f"source {source!r} needs control_datastore to be set")
-        folder = cache_folder(cfg, st, source)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(json.dumps({"windows": len(st.windows), "config": dataclasses.asdict(
-            cfg)}, indent=1, default=str), folder / "spec.json")
-        parts = []
-        bar = tqdm(total=n, desc=f"lm:{source}", unit="window", disable=not progress)
-        for start in range(0, n, bs):
-            path = folder / f"{source}-{start:06d}-{bs}.npz"
-            if not path.exists():
-                batch = st.windows[start:start + bs]
-                res = st.pipes[source].score(
-                    [w.context for w in batch], [w.target for w in batch],
-                    [w.query for w in batch], mode=mode, k=k,
-                    exclude_ids=st.exclusions[source][start:start + bs], reliance=False)
-                _save_npz(path, **_pack(res, k, cfg.stride))
-            with np.load(path, allow_pickle=False) as z:
-                parts.append({key: z[key] for key in z.files})
-            bar.update(min(bs, n - start))
-        bar.close()
-        out[source] = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        mode, k = _CONTROL.get(source, source), source_k(cfg, source)
+        results = []
+        for start in tqdm(range(0, n, bs), desc=f"lm:{source}", disable=not progress):
+            batch = st.windows[start:start + bs]
+            results += st.pipes[source].score(
+                [w.context for w in batch], [w.target for w in batch],
+                [w.query for w in batch], mode=mode, k=k,
+                exclude_ids=st.exclusions[source][start:start + bs], reliance=False)
+        out[source] = ScoredBranches.from_results(
+            results, [f"{w.source_id}@{w.target_span[0]}" for w in st.windows],
+            unscored="uniform")
     return out
-
-
-def _pack(results, k: int, stride: int) -> dict:
-    b = len(results)
-    lp = np.zeros((b, k, stride), np.float32)
-    scores = np.full((b, k), np.nan, np.float32)
-    ids = np.full((b, k), -1, np.int64)
-    length, branches, nbytes = (np.zeros(b, np.int64) for _ in range(3))
-    for i, r in enumerate(results):
-        blp = r.branch_logprobs
-        kk, t = blp.shape
-        lp[i, :kk, :t] = blp
-        length[i], branches[i], nbytes[i] = t, kk, r.num_bytes
-        if r.doc_scores is not None:
-            scores[i, :len(r.doc_scores)] = r.doc_scores
-        ids[i, :len(r.doc_ids)] = r.doc_ids
-    return {"lp": lp, "length": length, "branches": branches, "scores": scores, "ids": ids,
-            "bytes": nbytes}
-
-
-def window_logliks(scored: dict, k: int | None = None, tau: float | np.ndarray = 1.0
-                   ) -> np.ndarray:
-    """[N] per-window log-likelihood of the mixture of each window's first ``k`` branches
-    (all: None) with ``λ = softmax(s/τ)`` (uniform where scores are NaN: random documents);
-    ``tau`` may be one per window. REPLUG's Eq. of §3.2 at the gold tokens, summed
-    (:func:`~replug_jax.core.ensemble.retrieval_log_weights`,
-    :func:`~replug_jax.core.ensemble.mixture_logprobs`)."""
-    lp, length = scored["lp"], scored["length"]
-    n, kmax, t = lp.shape
-    member = np.arange(kmax)[None, :] < np.minimum(scored["branches"], k or kmax)[:, None]
-    tau_N = np.broadcast_to(np.asarray(tau, np.float64), (n,))
-    log_w = retrieval_log_weights(np.nan_to_num(scored["scores"]) / tau_N[:, None], 1.0, member)
-    mix = np.asarray(mixture_logprobs(lp, log_w), np.float64)
-    return np.where(np.arange(t)[None, :] < length[:, None], mix, 0.0).sum(1)
-
-
-def fitted_tau(scored: dict, article_of: np.ndarray, grid, folds: int, seed: int = 0):
-    """τ cross-fitted over articles: articles in ``folds`` seeded folds; each fold's windows
-    use the τ of ``grid`` that maximises the log-likelihood of the other folds' windows.
-    Returns ``(per-window τ [N], per-fold τ list)``."""
-    arts = np.unique(article_of)
-    fold_of_article = dict(zip(np.random.default_rng(seed).permutation(arts),
-                               itertools.cycle(range(folds))))
-    fold = np.array([fold_of_article[a] for a in article_of])
-    ll_of = {float(t): window_logliks(scored, tau=t) for t in grid}
-    tau_N, chosen = np.ones(len(article_of)), []
-    for f in range(folds):
-        train = fold != f
-        best = fit_tau(lambda t: float(ll_of[t][train].sum()), grid=grid)["temperature"] \
-            if train.any() else 1.0
-        tau_N[fold == f] = best
-        chosen.append(best)
-    return tau_N, chosen
 
 
 def main(argv=None):
@@ -389,7 +304,7 @@ def main(argv=None):
         st = setup(cfg, load_lm(cfg.lm, cfg.max_context), not args.no_progress, args.sources)
         score_windows(cfg, st, args.sources, progress=not args.no_progress)
         print(f"scored {len(st.windows)} windows for {', '.join(args.sources)} into "
-              f"{cache_folder(cfg, st, args.sources[0]).parent}")
+              f"{cache_root(cfg) / 'lm_scores'}")
 
     run(go)
 

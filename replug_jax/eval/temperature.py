@@ -12,6 +12,7 @@ log τ) of any log-likelihood of τ: a file's (:func:`fit_temperature`), a pool'
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -58,24 +59,35 @@ def fit_tau(loglik_at: Callable[[float], float], *, grid: Sequence[float] | None
 
 
 def fit_temperature(cache: ScoredBranches, bounds: tuple[float, float] = (1e-3, 10.0),
-                    tol: float = 1e-4) -> dict:
+                    tol: float = 1e-4, grid: Sequence[float] | None = None) -> dict:
     """:func:`fit_tau` of a file's cached branches: the τ maximising their total
-    log-likelihood (the mixture of §3.2, per token)."""
-    return fit_tau(lambda tau: float(mixture_logliks(cache, tau).sum()), bounds=bounds, tol=tol)
+    log-likelihood (the mixture of §3.2, per token), over ``grid`` or ``bounds``."""
+    return fit_tau(lambda tau: float(mixture_logliks(cache, tau).sum()), grid=grid,
+                   bounds=bounds, tol=tol)
 
 
 def cross_fit_logliks(cache: ScoredBranches, folds: int = 2, seed: int = 0,
-                      bounds: tuple[float, float] = (1e-3, 10.0)) -> tuple[np.ndarray, list]:
-    """``[N]`` log-likelihoods where each example is scored at the τ fitted on the *other*
-    folds (an honest estimate of a fitted τ on unseen examples), and the per-fold τ."""
-    n = len(cache)
-    if n < folds:
-        raise ValueError(f"{n} examples cannot make {folds} folds")
-    fold_N = np.random.default_rng(seed).permutation(n) % folds
-    out = np.zeros(n, np.float64)
+                      bounds: tuple[float, float] = (1e-3, 10.0), *,
+                      grid: Sequence[float] | None = None, groups=None
+                      ) -> tuple[np.ndarray, list]:
+    """``[N]`` log-likelihoods where each example is scored at the τ fitted (over ``grid``,
+    else ``bounds``) on the *other* folds (an honest estimate of a fitted τ on unseen
+    examples), and the per-fold τ. Folds are of examples, or with ``groups`` (``[N]`` labels,
+    such as articles) of whole groups: the groups shuffled and dealt to the folds in turn."""
+    units = len(cache) if groups is None else len(np.unique(groups))
+    if units < folds:
+        raise ValueError(f"{units} {'examples' if groups is None else 'groups'} cannot make "
+                         f"{folds} folds")
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        fold_N = rng.permutation(len(cache)) % folds
+    else:
+        fold_of = dict(zip(rng.permutation(np.unique(groups)), itertools.cycle(range(folds))))
+        fold_N = np.array([fold_of[g] for g in groups])
+    out = np.zeros(len(cache), np.float64)
     taus = []
     for f in range(folds):
-        fit = fit_temperature(subset(cache, np.flatnonzero(fold_N != f)), bounds)
+        fit = fit_temperature(subset(cache, np.flatnonzero(fold_N != f)), bounds, grid=grid)
         taus.append(fit["temperature"])
         held = np.flatnonzero(fold_N == f)
         out[held] = mixture_logliks(subset(cache, held), fit["temperature"])

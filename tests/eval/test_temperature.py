@@ -159,3 +159,23 @@ def test_a_fitted_temperature_travels_with_the_retriever(tmp_path):
         Replug(tiny_lm(0), retriever, index, temperature=0.5)
     with pytest.raises(ValueError, match="must be > 0"):
         record_temperature(folder, 0.0, {}, "")
+
+
+def test_cross_fitting_over_groups_keeps_each_group_in_one_fold():
+    """Articles cross-fitted (Table 1): each group's examples are scored at the τ fitted on
+    the other groups; a sharp τ wins where the best-scored document is far the best."""
+    rng = np.random.default_rng(2)
+    n, k = 12, 3
+    lp = np.log(rng.uniform(0.01, 0.2, size=(n, k, 4))).astype(np.float32)
+    lp[:, 0] = -0.1  # branch 0 is far better in every example, and scored highest
+    scores = rng.uniform(0.2, 0.5, size=(n, k)).astype(np.float32)
+    scores[:, 0] = 0.9
+    cache = ScoredBranches(lp, scores, np.ones((n, k), bool), np.ones((n, 4), bool),
+                           np.ones(n, np.int64), tuple(map(str, range(n))))
+    groups = np.repeat(np.arange(6), 2)
+    ll, taus = cross_fit_logliks(cache, 3, seed=0, grid=(0.01, 1.0, 10.0), groups=groups)
+    assert taus == [0.01] * 3
+    np.testing.assert_allclose(ll, mixture_logliks(cache, 0.01), rtol=1e-6)
+    with pytest.raises(ValueError, match="6 groups cannot make 7 folds"):
+        cross_fit_logliks(cache, 7, grid=(1.0,), groups=groups)
+

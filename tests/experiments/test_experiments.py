@@ -216,15 +216,15 @@ def test_table1_and_figure4_tiny(data, tmp_path):
     assert all(np.isfinite(v) for v in fig["perplexity"]["random"].values())
 
 
-def _batches(cache):
-    """A cache's scored batches (not the LM-score store beside them)."""
-    return sorted(p for p in cache.rglob("*.npz") if "lm_scores" not in p.parts)
+def _stored(cache):
+    """The LM-score store's files and their times (a new pair scored writes a new part)."""
+    return {p: p.stat().st_mtime_ns for p in (cache / "lm_scores").rglob("*") if p.is_file()}
 
 
 def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     """The real-datastore setting end to end on a few enwiki articles: every row, per-window
     values with article ids, the leakage rate, the format control; Figure 4 from the same
-    cached scores (no LM call the second time)."""
+    stored pairs (no LM call the second time)."""
     from experiments import figure4_num_docs, table1_lm
     from experiments.lib import lm_datastore
 
@@ -232,10 +232,11 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
               "--set", f"cache={tmp_path / 'cache'}"]
     # the LM alone and the control scored first (before any enwiki index): reused after
     lm_datastore.main(common + ["--sources", "none", "control_random"])
-    early = {p: p.stat().st_mtime_ns for p in _batches(tmp_path / "cache")}
-    assert len(early) == 2 * 2
+    early = _stored(tmp_path / "cache")
+    assert early
     table1_lm.main(common)
-    assert all(p.stat().st_mtime_ns == t for p, t in early.items())
+    stored = _stored(tmp_path / "cache")
+    assert stored.items() >= early.items() and len(stored) > len(early)
     res = json.loads((tmp_path / "table1_lm" / "tiny_enwiki.json").read_text())
     assert res["windows"] == 4 and len(set(res["per_window"]["article"])) == 2
     rows = res["per_window"]["loglik"]
@@ -246,14 +247,10 @@ def test_table1_and_figure4_real_datastore_tiny(data, tmp_path):
     assert 0 < res["leakage"]["windows_with_a_leaking_passage"] <= 1  # the copy leaks
     assert "format (k=1): random WikiText − random datastore passages" in res[
         "paired_differences"]
-    batches = _batches(tmp_path / "cache")
-    assert len(batches) == 6 * 2  # six sources × two batches of two windows
-    stamps = [p.stat().st_mtime_ns for p in batches]
-    parts = sorted((tmp_path / "cache" / "lm_scores").glob("part-*.npz"))  # the LM's scores
-    assert parts
+    # Figure 4 and a second scoring of the early sources: every pair from the store
     figure4_num_docs.main(common)
-    assert [p.stat().st_mtime_ns for p in _batches(tmp_path / "cache")] == stamps
-    assert sorted((tmp_path / "cache" / "lm_scores").glob("part-*.npz")) == parts
+    lm_datastore.main(common + ["--sources", "none", "control_random"])
+    assert _stored(tmp_path / "cache") == stored
     fig = json.loads((tmp_path / "figure4_num_docs" / "tiny_enwiki.json").read_text())
     k2 = fig["bits_per_byte"]["retrieved, τ=1"]["2"]["difference"]
     assert k2 == pytest.approx(levels["REPLUG (k=2, τ=1)"]["difference"], abs=1e-9)
@@ -514,9 +511,9 @@ def test_repeated_set_flags_accumulate():
     assert cli.set == ["k=3", "remat=true"]
 
 
-def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch):
+def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path):
     """The WikiText article split, the NQ corpus with distractors, and the τ sweep on both
-    datasets from cached branches (with the τ fitted and intervals reported)."""
+    datasets from scored branches (with the τ fitted and intervals reported)."""
     from experiments import inference_temperature
     from experiments.prepare import nq as prepare_nq, wikitext as prepare_wikitext
 
@@ -558,20 +555,16 @@ def test_lm_lsr_data_and_inference_temperature_tiny(data, tmp_path, monkeypatch)
     assert 0 < res["dev"]["base"]["metric"] == res["dev"]["again"]["metric"] < 10
     assert res["dev"]["again"]["vs_base"]["difference"] == 0
     assert (out / "inference_temperature" / "tiny_wikitext_curve.png").stat().st_size > 0
-    # A rerun reads every branch from the cache: no corpus embedding, the same numbers.
-    monkeypatch.setattr(inference_temperature, "index_in_memory",
-                        lambda *a, **k: pytest.fail("embedded a corpus whose branches are cached"))
+    # A rerun scores no pair again (the store unchanged), with the same numbers; another k
+    # or fewer examples reads the pairs it shares with the first run
+    stored = _stored(tmp_path / "work" / "tiny_wikitext")
     inference_temperature.main(wiki_args)
     again = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
     assert again["rows"] == res["rows"] and again["dev"] == res["dev"]
-    # A rerun with another k or fewer examples scores again: its caches are keyed by content.
-    monkeypatch.undo()
     inference_temperature.main(wiki_args + ["k=1", "num_examples=2"])
+    assert _stored(tmp_path / "work" / "tiny_wikitext") == stored
     fewer = json.loads((out / "inference_temperature" / "tiny_wikitext.json").read_text())
-    from replug_jax.branches import ScoredBranches
-
-    branches = ScoredBranches.load(tmp_path / "work" / "tiny_wikitext" / "base_report.npz")
-    assert branches.logprobs_NKT.shape[:2] == (2, 1) and fewer["examples"] == 2
+    assert fewer["examples"] == 2 and fewer["config"]["k"] == 1
 
 
 def test_lsr_study_tiny(data, tmp_path, monkeypatch):
