@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import json
 import pathlib
@@ -31,6 +32,22 @@ import typing
 class ConfigError(ValueError):
     """A config that cannot be used: unknown file, variant or key, or a value of the wrong
     type; the message names it."""
+
+
+@functools.cache
+def _choices(cls) -> dict[str, tuple]:
+    """The fields of ``cls`` annotated ``Literal[...]`` and the values each allows."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(cls)
+            if typing.get_origin(hints[f.name]) is typing.Literal}
+
+
+def choice_errors(obj) -> list[str]:
+    """One message per field of the dataclass ``obj`` whose value is not one its
+    ``Literal[...]`` annotation allows: the choices are stated once, in the annotation."""
+    return [f"{name} must be one of {allowed}, got {getattr(obj, name)!r}"
+            for name, allowed in _choices(type(obj)).items()
+            if getattr(obj, name) not in allowed]
 
 
 def _kind(field: dataclasses.Field) -> str:

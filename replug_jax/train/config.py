@@ -21,14 +21,11 @@ from replug_jax.models.registry import DEFAULT_LM
 from replug_jax.train.spec import ObjectiveConfig, OptimConfig
 
 
-def _check(checks, literals, obj, piece: str) -> None:
-    """Raise the first failed check as ``bad config: piece: message``."""
-    for name, allowed in literals:
-        checks.append((getattr(obj, name) in allowed,
-                       f"{name} must be one of {allowed}, got {getattr(obj, name)!r}"))
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(f"bad config: {piece}: {message}")
+def _check(checks, obj, piece: str) -> None:
+    """Raise the first value outside its ``Literal`` choices or failed check as ``bad config:
+    piece: message``."""
+    for message in config.choice_errors(obj) + [m for ok, m in checks if not ok]:
+        raise ValueError(f"bad config: {piece}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +40,7 @@ class RetrieverConfig:
 
     def __post_init__(self):
         _check([(self.query_max_length > 0 and self.doc_max_length > 0,
-                 "query_max_length and doc_max_length must be positive")],
-               (("similarity", ("cosine", "dot")),), self, "retriever")
+                 "query_max_length and doc_max_length must be positive")], self, "retriever")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +76,7 @@ class LMConfig:
                 (self.api_concurrency > 0 and self.api_batch_size > 0,
                  "api_concurrency and api_batch_size must be positive"),
                 (isinstance(self.prefetch, bool),
-                 f"prefetch must be true or false, got {self.prefetch!r}")],
-               (("dtype", ("auto", "float32", "bfloat16")),), self, "lm")
+                 f"prefetch must be true or false, got {self.prefetch!r}")], self, "lm")
         if self.mesh:
             try:
                 parse_mesh(self.mesh)
@@ -116,9 +111,7 @@ class DataConfig:
     qa_demonstrations: str = ""
 
     def __post_init__(self):
-        _check([(self.dev_examples >= 0, "dev_examples must be >= 0")],
-               (("task", ("qa", "lm")), ("chunk_unit", ("words", "tokens")),
-                ("leakage", ("window", "document", "none"))), self, "data")
+        _check([(self.dev_examples >= 0, "dev_examples must be >= 0")], self, "data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +141,7 @@ class SupervisionConfig:
                  "towers='query' and shuffle_q need kind='pool'"),
                 (self.kind == "online" or bool(self.train_pool),
                  "kind='pool' needs train_pool (a pool folder)"),
-                (self.prescore_pool >= 0, "prescore_pool must be >= 0")],
-               (("kind", ("online", "pool")), ("towers", ("shared", "query"))), self,
-               "supervision")
+                (self.prescore_pool >= 0, "prescore_pool must be >= 0")], self, "supervision")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,8 +172,7 @@ class SelectionConfig:
                  "tau must be > 0, or 0 with a tau_grid to fit"),
                 (all(isinstance(t, (int, float)) and t > 0 for t in (*self.tau_grid,
                                                                       *self.beta_grid)),
-                 "tau_grid and beta_grid must hold positive numbers")],
-               (("metric", ("last", "pool_loglik", "recall@1")),), self, "selection")
+                 "tau_grid and beta_grid must hold positive numbers")], self, "selection")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,10 +205,7 @@ class RetrievalConfig:
                 (self.refresh_devices >= 0, "refresh_devices must be >= 0"),
                 (not (self.refresh_devices and self.index_backend == "jax"),
                  "refresh_devices needs index_backend='faiss': the JAX index embeds the "
-                 "corpus rows on the training mesh that holds them")],
-               (("refresh_mode", ("background", "sync")),
-                ("index_backend", ("auto", "faiss", "jax")),
-                ("index_dtype", ("auto", "bfloat16", "float32"))), self, "retrieval")
+                 "corpus rows on the training mesh that holds them")], self, "retrieval")
 
     @property
     def lag(self) -> int:
@@ -314,7 +301,7 @@ class LSRConfig:
                  "selection.metric other than 'last' needs supervision.kind='pool'"),
                 (bool(sup.dev_pool) or not (sel.metric != "last" or objective.needs_fit),
                  "selection.metric, or objective.gamma or beta fitted/learned, need "
-                 "supervision.dev_pool")], (), self, "run")
+                 "supervision.dev_pool")], self, "run")
 
     @classmethod
     def from_tree(cls, tree: dict) -> "LSRConfig":

@@ -216,6 +216,7 @@ class LSRTrainer(OnlineSupervision):
         if self.pool is not None and self.pool.base_fit is not None:
             out["base_fitted"] = dict(self.pool.base_fit)
         return out
+
     @property
     def index(self) -> Index | DeviceIndex | None:
         """The index the current step retrieves from."""
@@ -263,10 +264,6 @@ class LSRTrainer(OnlineSupervision):
         if state is not None:
             self.state = replicate(state, self.mesh)
         return step, meta
-
-    # -- index versions -----------------------------------------------------------------------
-
-    # -- batches --------------------------------------------------------------------------------
 
     # -- the run ------------------------------------------------------------------------------
 

@@ -7,6 +7,9 @@ its other pieces, and each training function takes the piece it reads.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
+
+from replug_jax.config import choice_errors
 
 MARGINAL_NEEDS_SUM = ("objective 'marginal' needs lm_score 'sum': the marginal likelihood "
                       "sum_d P_R(d|x) p(y|d,x) is over whole-continuation probabilities, not "
@@ -56,20 +59,16 @@ class ObjectiveConfig:
     of the continuation's token log-probs, ``log P_LM(y|d,x)`` as the paper writes it, or their
     ``mean`` (:data:`LM_SCORE_MEAN_NOTE`)."""
 
-    kind: str = "kl"
-    direction: str = "retriever_to_lm"
+    kind: Literal["kl", "marginal"] = "kl"
+    direction: Literal["retriever_to_lm", "lm_to_retriever"] = "retriever_to_lm"
     gamma: float | str = 0.1
     beta: float | str = 0.1
-    lm_score: str = "sum"
+    lm_score: Literal["mean", "sum"] = "sum"
     gamma_learning_rate: float = 1e-3
 
     def __post_init__(self):
-        for name, allowed in (("kind", ("kl", "marginal")),
-                              ("direction", ("retriever_to_lm", "lm_to_retriever")),
-                              ("lm_score", ("mean", "sum"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got "
-                                 f"{getattr(self, name)!r}")
+        for message in choice_errors(self):
+            raise ValueError(message)
         if not _temperature_ok(self.gamma, GAMMA_NAMES):
             raise ValueError(f"gamma must be > 0 or one of {GAMMA_NAMES}, got {self.gamma!r}")
         if not _temperature_ok(self.beta, BETA_NAMES):
@@ -132,15 +131,15 @@ class OptimConfig:
     ``learning_rate`` then linear decay to 0, after global-norm clipping at ``grad_clip``
     (0: none); §5.2: Adam, 2e-5, 10 % warmup."""
 
-    optimizer: str = "adam"
+    optimizer: Literal["adam", "adamw"] = "adam"
     learning_rate: float = 2e-5
     weight_decay: float = 0.0
     warmup_ratio: float = 0.1
     grad_clip: float = 1.0
 
     def __post_init__(self):
-        if self.optimizer not in ("adam", "adamw"):
-            raise ValueError(f"optimizer must be adam or adamw, got {self.optimizer!r}")
+        for message in choice_errors(self):
+            raise ValueError(message)
         if not self.learning_rate > 0:
             raise ValueError("learning_rate must be > 0")
         if not 0 <= self.warmup_ratio < 1:
