@@ -33,7 +33,14 @@ import numpy as np
 from experiments.configs.lsr_qa import CONFIGS as QA_CONFIGS
 from experiments.configs.lsr_temperature import CONFIGS
 from experiments.lib import squad
-from experiments.lib.common import parse_experiment_args, provenance, run, write_results
+from experiments.lib.common import (
+    new_figure,
+    parse_experiment_args,
+    provenance,
+    run,
+    save_figure,
+    write_results,
+)
 from experiments.lib.lsr_common import BASE_DATA, label, variants
 from experiments.lib.pool_study import Fold, train_variants
 from experiments.lsr_qa import QATask, pool_scores, retrieve
@@ -166,16 +173,9 @@ def _fmt(d: dict, digits: int = 3) -> str:
     return f"{d['difference']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
 
 
-def plot(rows: list[dict], cfg, path: pathlib.Path) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+def plot(rows: list[dict], cfg, path: pathlib.Path) -> str:
     xs = [str(g) if isinstance(g, str) else f"{g:g}" for g in cfg.gammas]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = new_figure(2, figsize=(11, 4.2))
     series: dict = {}
     for r in rows:
         c = r["config"]
@@ -203,9 +203,7 @@ def plot(rows: list[dict], cfg, path: pathlib.Path) -> str | None:
     axes[0].legend(fontsize=8)
     fig.suptitle("LSR temperature study (kept step of each run; 95 % intervals over articles)",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return path.name
 
 
@@ -328,8 +326,6 @@ def write_report(args, cfg, payload: dict, rows: list[dict], k: int, dev_pool: i
                                "all-MiniLM-L6-v2 (cosine) under SmolLM2-135M, only the query "
                                "tower trained, pools of the base's top-8 re-ranked, "
                                f"{cfg.train.total_steps} steps. " + BASE_DATA))
-
-
 
 
 if __name__ == "__main__":
