@@ -136,23 +136,27 @@ def make_train_step(graphdef, template, objective: ObjectiveConfig,
         return jnp.einsum("bd,bkd->bk", q_BD, d_BKD)
 
     def loss_fn(params, batch):
-        s_BK = scores_fn(params, batch)
-        return _loss(objective, s_BK, batch["lm_scores"], batch["doc_valid"],
-                     _gamma_of(objective, params)), s_BK
+        s_BK, lm_BK, valid_BK = scores_fn(params, batch), batch["lm_scores"], batch["doc_valid"]
+        loss = _loss(objective, s_BK, lm_BK, valid_BK, _gamma_of(objective, params))
+        return loss, (s_BK, lm_BK, valid_BK)
 
+    return _jitted_step(loss_fn, tx, objective, schedule), jax.jit(scores_fn)
+
+
+def _jitted_step(loss_fn, tx, objective: ObjectiveConfig, schedule):
+    """The update around ``loss_fn(params, batch) -> (loss, (s_BK, lm_BK, valid_BK))``,
+    jitted, donating the state, with the step's metrics (:func:`_step_metrics`, the gradient
+    norm and the learning rate)."""
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def train_step(state: TrainState, batch: dict):
-        (loss, s_BK), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    def step(state: TrainState, batch: dict):
+        (loss, picked), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss,
-                   **_step_metrics(objective, state.params, s_BK, batch["lm_scores"],
-                                   batch["doc_valid"]),
-                   "grad_norm": optax.tree.norm(grads),
-                   "learning_rate": schedule(state.step)}
-        return TrainState(params, opt_state, state.step + 1), metrics
+        return TrainState(params, opt_state, state.step + 1), {
+            "loss": loss, **_step_metrics(objective, state.params, *picked),
+            "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
 
-    return train_step, jax.jit(scores_fn)
+    return step
 
 
 def init_state(params, tx) -> TrainState:
@@ -185,13 +189,4 @@ def make_query_step(graphdef, template, objective: ObjectiveConfig, tx, pooling:
         loss = _loss(objective, s_BK, lm_BK, valid_BK, _gamma_of(objective, params))
         return loss, (s_BK, lm_BK, valid_BK)
 
-    @functools.partial(jax.jit, donate_argnums=(0,))
-    def step(state, batch):
-        (loss, picked), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        return TrainState(params, opt_state, state.step + 1), {
-            "loss": loss, **_step_metrics(objective, state.params, *picked),
-            "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
-
-    return step
+    return _jitted_step(loss_fn, tx, objective, schedule)
