@@ -107,8 +107,10 @@ def test_two_processes_lsr_equals_one_process_across_a_refresh(tmp_path):
                .splitlines()]
     log_one = metrics_of(one)
     assert [r["step"] for r in log_two] == list(range(5))
+    # float32 sums in another order: step 0's loss, before any update, differs by 4e-6 of
+    # itself under jax 0.10.2 (3e-5 nats of 7.9); later steps differ no more than that
     for ra, rb in zip(log_one, log_two):
-        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5)
         assert ra["gold_in_topk"] == rb["gold_in_topk"]  # the same passages retrieved
         assert ra["index_version"] == rb["index_version"]
     # each process caches the LM scores of its own rows: a pair that the other process scored
